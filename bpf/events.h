@@ -1,0 +1,99 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/*
+ * The one contract between the BPF programs and Python: every ring-buffer record and the
+ * configuration block, fixed-width fields only. tracer/bpf/layout.py mirrors each struct and
+ * tests/test_layout.py checks sizes and offsets against the compiled object's BTF.
+ *
+ * Every record starts with struct wr_hdr; user space dispatches on hdr.type.
+ */
+#ifndef WHYRESTART_EVENTS_H
+#define WHYRESTART_EVENTS_H
+
+#define WR_COMM_LEN 16
+#define WR_FILENAME_LEN 128
+
+enum wr_event_type {
+	WR_EV_EXIT = 1,
+	WR_EV_SIGNAL = 2,
+	WR_EV_OOM = 3,
+	WR_EV_FORK = 4,
+	WR_EV_EXEC = 5,
+};
+
+/* Which program produced a record: the rung of its hook's fallback ladder. */
+enum wr_rung {
+	WR_RUNG_FENTRY = 1,
+	WR_RUNG_KPROBE = 2,
+	WR_RUNG_TP_BTF = 3,
+	WR_RUNG_TRACEPOINT = 4,
+};
+
+struct wr_hdr {
+	__u16 type;      /* enum wr_event_type */
+	__u16 size;      /* sizeof the whole record */
+	__u16 rung;      /* enum wr_rung */
+	__u16 _pad;
+	__u64 ts_ns;     /* bpf_ktime_get_boot_ns(): CLOCK_BOOTTIME */
+	__u32 pid;       /* current thread id */
+	__u32 tgid;      /* current process id */
+	__u64 cgroup_id; /* current task's cgroup id in the tracked hierarchy */
+	char comm[WR_COMM_LEN];
+};
+
+/* A thread group ended (emitted for its last thread). The header names the exiting task. */
+struct wr_exit {
+	struct wr_hdr h;
+	__u32 exit_code;  /* task->exit_code: a wait status */
+	__u32 ppid;       /* real_parent's tgid */
+	__u64 start_ns;   /* task->start_boottime */
+};
+
+/* A fatal signal was generated. The header names the sender (the current task). */
+struct wr_signal {
+	struct wr_hdr h;
+	__u32 target_pid;
+	__s32 sig;
+	__s32 si_code;
+	__s32 result;     /* TRACE_SIGNAL_* */
+	__u32 group;
+	__u32 _pad;
+	char target_comm[WR_COMM_LEN];
+};
+
+/*
+ * The OOM killer picked a victim. The header names the task whose allocation triggered it;
+ * hdr.rung is the best program that contributed (fentry/kprobe when oom_control was read).
+ */
+struct wr_oom {
+	struct wr_hdr h;
+	__u32 victim_pid;      /* tgid */
+	__u32 memcg;           /* 1: a memory cgroup limit was the constraint */
+	__u64 victim_cgroup_id;
+	__u64 limit_cgroup_id; /* the memory cgroup at its limit, 0 if none */
+	__u64 limit_pages;     /* its page_counter max */
+	__u64 usage_pages;     /* its page_counter usage */
+	char victim_comm[WR_COMM_LEN];
+};
+
+/* A watched process created a new process. The header names the parent. */
+struct wr_fork {
+	struct wr_hdr h;
+	__u32 child_pid;
+	__u32 _pad;
+};
+
+/* A watched process called execve. The header names the task after exec. */
+struct wr_exec {
+	struct wr_hdr h;
+	char filename[WR_FILENAME_LEN];
+};
+
+/* Set by user space in .rodata before load (const volatile), read-only afterwards. */
+struct wr_config {
+	__u32 filter_all;  /* 1: every process; 0: only watched pids and cgroups */
+	__u32 memcg_v1;    /* 1: cgroup ids come from the v1 memory hierarchy; 0: from cgroup v2 */
+	__u32 self_tgid;   /* the tracer itself: never reported */
+	__u32 watch_cgroups; /* 1: watched_cgroups holds ids; walk each task's ancestors */
+};
+
+#endif /* WHYRESTART_EVENTS_H */

@@ -1,0 +1,514 @@
+// SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause)
+/*
+ * whyrestart's kernel side: process exits, fatal signals, OOM kills and process lifecycle,
+ * streamed through one BPF ring buffer as the records defined in events.h.
+ *
+ * Every hook has a fallback ladder (DESIGN.md). The rungs of one hook are twin programs that
+ * call one shared __always_inline handler; all twins are loaded, and user space
+ * (tracer/bpf/hooks.py) attaches the best one that works on this kernel. Filtering happens here,
+ * before a record is reserved: only watched processes (a pid map filled from the recorded
+ * command's forks, plus a cgroup map) cost a ring-buffer slot.
+ *
+ * Wake-ups, not decoding, dominate a ring-buffer consumer's cost (DESIGN.md, performance notes),
+ * so bulk records are submitted with BPF_RB_NO_WAKEUP and user space drains the ring on a 10 ms
+ * timer; an OOM kill forces a wake-up so that a live tail shows it at once.
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_core_read.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+
+#include "events.h"
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+const volatile struct wr_config cfg = {};
+
+/* Ring-buffer records are only reached through void pointers, so clang would leave their types
+ * out of the object's BTF (a pointer member only makes a forward declaration); this anchor, by
+ * value in .bss and never touched, keeps them there for tests/test_layout.py. */
+struct wr_btf_anchor {
+	struct wr_exit exit;
+	struct wr_signal signal;
+	struct wr_oom oom;
+	struct wr_fork fork;
+	struct wr_exec exec;
+};
+struct wr_btf_anchor wr_btf_anchor __attribute__((used));
+
+/* 4 MiB: a 256 KiB ring dropped 2-8% of a 10k exits/s storm when the consumer shared a core
+ * with it; 4 MiB dropped nothing (DESIGN.md). */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 4 * 1024 * 1024);
+} events SEC(".maps");
+
+/* Watched processes by tgid: seeded by user space, grown by forks, shrunk by exits. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u32);
+	__type(value, __u8);
+} watched_pids SEC(".maps");
+
+/* Watched cgroups by id (tracked hierarchy); a task in one of them or below is watched. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1024);
+	__type(key, __u64);
+	__type(value, __u8);
+} watched_cgroups SEC(".maps");
+
+/* Failed ring-buffer reservations, per CPU: never lose an event silently. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} lost SEC(".maps");
+
+/* oom_control seen by the fentry/kprobe rung, keyed by the OOM-ing thread, consumed by
+ * mark_victim in the same call chain (oom_kill_process -> __oom_kill_process -> mark_victim). */
+struct oom_ctx {
+	__u64 memcg_ptr;
+	__u64 ts_ns;
+	__u32 rung;
+	__u32 _pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 256);
+	__type(key, __u32);
+	__type(value, struct oom_ctx);
+} oom_ctxs SEC(".maps");
+
+#define MAX_CGROUP_DEPTH 16
+/* PAGE_COUNTER_MAX is LONG_MAX / PAGE_SIZE; anything this large is "no limit". */
+#define UNLIMITED_PAGES (1ULL << 40)
+/* Default-terminating signals worth attributing an exit to (signal(7) "Term" and "Core"):
+ * HUP INT QUIT ILL TRAP ABRT BUS FPE KILL USR1 SEGV USR2 PIPE ALRM TERM STKFLT XCPU XFSZ VTALRM
+ * PROF IO PWR SYS. SIGCHLD, SIGCONT, stop and tty signals are not. */
+#define FATAL_SIGNALS                                                                           \
+	((1ULL << 1) | (1ULL << 2) | (1ULL << 3) | (1ULL << 4) | (1ULL << 5) | (1ULL << 6) |     \
+	 (1ULL << 7) | (1ULL << 8) | (1ULL << 9) | (1ULL << 10) | (1ULL << 11) | (1ULL << 12) | \
+	 (1ULL << 13) | (1ULL << 14) | (1ULL << 15) | (1ULL << 16) | (1ULL << 24) |             \
+	 (1ULL << 25) | (1ULL << 26) | (1ULL << 27) | (1ULL << 29) | (1ULL << 30) | (1ULL << 31))
+
+/* si_code values of the kernel's special siginfo pointers (include/linux/sched/signal.h). */
+#define SEND_SIG_NOINFO_PTR 0
+#define SEND_SIG_PRIV_PTR 1
+#define WR_SI_USER 0
+#define WR_SI_KERNEL 0x80
+
+static __always_inline void count_lost(void)
+{
+	__u32 zero = 0;
+	__u64 *n = bpf_map_lookup_elem(&lost, &zero);
+
+	if (n)
+		__sync_fetch_and_add(n, 1);
+}
+
+static __always_inline void *reserve(__u64 size)
+{
+	void *e = bpf_ringbuf_reserve(&events, size, 0);
+
+	if (!e)
+		count_lost();
+	return e;
+}
+
+/* The memory cgroup of a task (its css for the memory controller). */
+static __always_inline struct mem_cgroup *task_memcg(struct task_struct *task)
+{
+	int id = bpf_core_enum_value(enum cgroup_subsys_id, memory_cgrp_id);
+	struct css_set *cset = BPF_CORE_READ(task, cgroups);
+	struct cgroup_subsys_state *css = NULL;
+
+	if (!cset)
+		return NULL;
+	bpf_core_read(&css, sizeof(css), &cset->subsys[id]);
+	/* css is the first member of struct mem_cgroup */
+	return (struct mem_cgroup *)css;
+}
+
+/* A task's cgroup in the hierarchy user space names cgroups from: the v1 memory hierarchy on a
+ * hybrid host (the v2 tree is empty there), else the unified (default) hierarchy. */
+static __always_inline struct cgroup *task_cgroup(struct task_struct *task)
+{
+	if (cfg.memcg_v1) {
+		struct mem_cgroup *memcg = task_memcg(task);
+
+		return memcg ? BPF_CORE_READ(memcg, css.cgroup) : NULL;
+	}
+	return BPF_CORE_READ(task, cgroups, dfl_cgrp);
+}
+
+static __always_inline __u64 cgroup_id_of(struct cgroup *cgrp)
+{
+	return cgrp ? BPF_CORE_READ(cgrp, kn, id) : 0;
+}
+
+static __always_inline __u64 memcg_id(struct mem_cgroup *memcg)
+{
+	return memcg ? BPF_CORE_READ(memcg, css.cgroup, kn, id) : 0;
+}
+
+static __always_inline bool is_watched(struct task_struct *task, __u32 tgid)
+{
+	struct cgroup *cgrp;
+
+	if (cfg.filter_all)
+		return true;
+	if (bpf_map_lookup_elem(&watched_pids, &tgid))
+		return true;
+	if (!cfg.watch_cgroups)
+		return false;
+	cgrp = task_cgroup(task);
+	for (int i = 0; i < MAX_CGROUP_DEPTH && cgrp; i++) {
+		__u64 id = cgroup_id_of(cgrp);
+
+		if (bpf_map_lookup_elem(&watched_cgroups, &id))
+			return true;
+		/* struct cgroup starts with its own css ("self"); self.parent is the parent's */
+		cgrp = (struct cgroup *)BPF_CORE_READ(cgrp, self.parent);
+	}
+	return false;
+}
+
+static __always_inline void fill_hdr(struct wr_hdr *h, __u16 type, __u16 size, __u16 rung,
+				     struct task_struct *task)
+{
+	h->type = type;
+	h->size = size;
+	h->rung = rung;
+	h->_pad = 0;
+	h->ts_ns = bpf_ktime_get_boot_ns();
+	h->pid = BPF_CORE_READ(task, pid);
+	h->tgid = BPF_CORE_READ(task, tgid);
+	h->cgroup_id = cgroup_id_of(task_cgroup(task));
+	BPF_CORE_READ_STR_INTO(&h->comm, task, comm);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Process exit.
+ * do_exit() stores the wait status in task->exit_code before trace_sched_process_exit(), and
+ * has already decremented signal->live: live == 0 means this is the group's last thread, so the
+ * process as users know it has ended. */
+
+static __always_inline int handle_exit(struct task_struct *task, __u16 rung)
+{
+	struct wr_exit *e;
+	__u32 tgid = BPF_CORE_READ(task, tgid);
+
+	if (tgid == cfg.self_tgid)
+		return 0;
+	if (BPF_CORE_READ(task, signal, live.counter) != 0)
+		return 0;
+	if (!is_watched(task, tgid))
+		return 0;
+	bpf_map_delete_elem(&watched_pids, &tgid);
+
+	e = reserve(sizeof(*e));
+	if (!e)
+		return 0;
+	fill_hdr(&e->h, WR_EV_EXIT, sizeof(*e), rung, task);
+	e->exit_code = BPF_CORE_READ(task, exit_code);
+	e->ppid = BPF_CORE_READ(task, real_parent, tgid);
+	e->start_ns = BPF_CORE_READ(task, start_boottime);
+	bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+	return 0;
+}
+
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(exit_btf, struct task_struct *task)
+{
+	return handle_exit(task, WR_RUNG_TP_BTF);
+}
+
+/* Fallback for kernels without tp_btf (< 5.5): the classic tracepoint runs in the exiting task,
+ * so the task is current and task->exit_code is read with CO-RE just the same. (The design
+ * paired this with syscalls/sys_enter_exit_group for the code; reading exit_code directly is
+ * exact for exit_group, exit and fatal signals alike, so that second hook is not needed.) */
+SEC("tracepoint/sched/sched_process_exit")
+int exit_tp(void *ctx)
+{
+	return handle_exit((struct task_struct *)bpf_get_current_task(), WR_RUNG_TRACEPOINT);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Fatal signals (signal/signal_generate, from __send_signal_locked()). The sender is the current
+ * task. The OOM killer's own SIGKILL arrives here too, with si_code SI_KERNEL, right after
+ * mark_victim: user space links it to the OOM kill instead of counting a second cause. */
+
+static __always_inline int handle_signal(int sig, int si_code, struct task_struct *target,
+					 __u32 target_pid, const char *target_comm, int group,
+					 int result, __u16 rung)
+{
+	struct task_struct *cur = (struct task_struct *)bpf_get_current_task();
+	struct wr_signal *e;
+	__u32 tgid;
+
+	if (sig <= 0 || sig >= 64 || !((FATAL_SIGNALS >> sig) & 1))
+		return 0;
+	if (target) {
+		tgid = BPF_CORE_READ(target, tgid);
+		if (tgid == cfg.self_tgid || !is_watched(target, tgid))
+			return 0;
+	} else {
+		/* the classic tracepoint names the target only by pid */
+		tgid = target_pid;
+		if (!cfg.filter_all && !bpf_map_lookup_elem(&watched_pids, &tgid))
+			return 0;
+	}
+
+	e = reserve(sizeof(*e));
+	if (!e)
+		return 0;
+	fill_hdr(&e->h, WR_EV_SIGNAL, sizeof(*e), rung, cur);
+	e->target_pid = tgid;
+	e->sig = sig;
+	e->si_code = si_code;
+	e->result = result;
+	e->group = group;
+	e->_pad = 0;
+	if (target)
+		BPF_CORE_READ_STR_INTO(&e->target_comm, target, comm);
+	else
+		bpf_probe_read_kernel_str(&e->target_comm, sizeof(e->target_comm), target_comm);
+	bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+	return 0;
+}
+
+SEC("tp_btf/signal_generate")
+int BPF_PROG(signal_btf, int sig, struct kernel_siginfo *info, struct task_struct *task,
+	     int group, int result)
+{
+	int code;
+
+	/* SEND_SIG_NOINFO and SEND_SIG_PRIV are the pointer values 0 and 1, not structs; the
+	 * tracepoint's own TP_STORE_SIGINFO maps them the same way. */
+	if ((unsigned long)info == SEND_SIG_NOINFO_PTR)
+		code = WR_SI_USER;
+	else if ((unsigned long)info == SEND_SIG_PRIV_PTR)
+		code = WR_SI_KERNEL;
+	else
+		code = BPF_CORE_READ(info, si_code);
+	return handle_signal(sig, code, task, 0, NULL, group, result, WR_RUNG_TP_BTF);
+}
+
+SEC("tracepoint/signal/signal_generate")
+int signal_tp(struct trace_event_raw_signal_generate *ctx)
+{
+	return handle_signal(ctx->sig, ctx->code, NULL, ctx->pid, ctx->comm, ctx->group,
+			     ctx->result, WR_RUNG_TRACEPOINT);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* OOM kills.
+ *
+ * Best rung: oom_kill_process(struct oom_control *oc, const char *message) names the memcg the
+ * OOM was constrained to (oc->memcg) and the constraint itself. fentry needs BPF trampolines
+ * (refused with EPERM on some kernels, e.g. under lockdown), kprobe needs CONFIG_KPROBES; either
+ * one only records oc in oom_ctxs. The record is emitted by mark_victim, which fires once per
+ * victim, memory.oom.group members included (oom_kill_process runs once per OOM and would miss
+ * them).
+ *
+ * Without oc, the limit is found by walking the memory cgroups from the victim (tp_btf rung,
+ * mark_victim(task, uid) since 6.8's commit 72ba14deb40a "mm: update mark_victim tracepoints
+ * fields") or from the OOM-ing current task (classic tracepoint, which carries only the victim's
+ * pid on older kernels) up to the root, and picking the limited one with the least headroom.
+ */
+
+static __always_inline void note_oc(struct oom_control *oc, __u32 rung)
+{
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	struct oom_ctx c = {};
+
+	c.memcg_ptr = (__u64)BPF_CORE_READ(oc, memcg);
+	c.ts_ns = bpf_ktime_get_boot_ns();
+	c.rung = rung;
+	bpf_map_update_elem(&oom_ctxs, &tid, &c, BPF_ANY);
+}
+
+SEC("fentry/oom_kill_process")
+int BPF_PROG(oom_fentry, struct oom_control *oc, const char *message)
+{
+	note_oc(oc, WR_RUNG_FENTRY);
+	return 0;
+}
+
+SEC("kprobe/oom_kill_process")
+int BPF_KPROBE(oom_kprobe, struct oom_control *oc, const char *message)
+{
+	note_oc(oc, WR_RUNG_KPROBE);
+	return 0;
+}
+
+/* A memcg charge fails when usage + charge > max; a charge is at most a THP (512 pages) or a
+ * batch (64 pages), so the cgroup that ran out is within this headroom of its limit. */
+static __always_inline bool at_limit(__u64 usage, __u64 max)
+{
+	__u64 headroom = max > usage ? max - usage : 0;
+
+	return headroom <= 1024 || headroom * 64 <= max;
+}
+
+static __always_inline void find_limit(struct mem_cgroup *memcg, struct wr_oom *e)
+{
+	__u64 best = ~0ULL;
+
+	for (int i = 0; i < MAX_CGROUP_DEPTH && memcg; i++) {
+		__u64 max = BPF_CORE_READ(memcg, memory.max);
+		__u64 usage = BPF_CORE_READ(memcg, memory.usage.counter);
+
+		if (max < UNLIMITED_PAGES) {
+			__u64 headroom = max > usage ? max - usage : 0;
+
+			if (headroom < best) {
+				best = headroom;
+				e->limit_cgroup_id = memcg_id(memcg);
+				e->limit_pages = max;
+				e->usage_pages = usage;
+			}
+		}
+		memcg = (struct mem_cgroup *)BPF_CORE_READ(memcg, css.parent);
+	}
+	e->memcg = e->limit_cgroup_id && at_limit(e->usage_pages, e->limit_pages);
+}
+
+static __always_inline int handle_victim(struct task_struct *victim, __u32 victim_pid,
+					 __u16 rung)
+{
+	struct task_struct *cur = (struct task_struct *)bpf_get_current_task();
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	struct oom_ctx *oc = bpf_map_lookup_elem(&oom_ctxs, &tid);
+	struct wr_oom *e;
+
+	if (victim) {
+		victim_pid = BPF_CORE_READ(victim, tgid);
+		if (!is_watched(victim, victim_pid))
+			return 0;
+	} else if (!cfg.filter_all && !bpf_map_lookup_elem(&watched_pids, &victim_pid) &&
+		   !is_watched(cur, BPF_CORE_READ(cur, tgid))) {
+		return 0;
+	}
+
+	e = reserve(sizeof(*e));
+	if (!e)
+		return 0;
+	fill_hdr(&e->h, WR_EV_OOM, sizeof(*e), rung, cur);
+	e->victim_pid = victim_pid;
+	e->memcg = 0;
+	e->limit_cgroup_id = 0;
+	e->limit_pages = 0;
+	e->usage_pages = 0;
+	if (victim) {
+		e->victim_cgroup_id = cgroup_id_of(task_cgroup(victim));
+		BPF_CORE_READ_STR_INTO(&e->victim_comm, victim, comm);
+	} else {
+		e->victim_cgroup_id = 0;
+		__builtin_memset(&e->victim_comm, 0, sizeof(e->victim_comm));
+	}
+
+	if (oc && e->h.ts_ns - oc->ts_ns < 1000000000ULL) {
+		struct mem_cgroup *memcg = (struct mem_cgroup *)oc->memcg_ptr;
+
+		e->h.rung = oc->rung;
+		if (memcg) {
+			e->memcg = 1;
+			e->limit_cgroup_id = memcg_id(memcg);
+			e->limit_pages = BPF_CORE_READ(memcg, memory.max);
+			e->usage_pages = BPF_CORE_READ(memcg, memory.usage.counter);
+		}
+	} else {
+		find_limit(task_memcg(victim ? victim : cur), e);
+	}
+	/* urgent: wake the consumer now */
+	bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);
+	return 0;
+}
+
+SEC("tp_btf/mark_victim")
+int BPF_PROG(oom_btf, struct task_struct *task)
+{
+	return handle_victim(task, 0, WR_RUNG_TP_BTF);
+}
+
+SEC("tracepoint/oom/mark_victim")
+int oom_tp(struct trace_event_raw_mark_victim *ctx)
+{
+	return handle_victim(NULL, ctx->pid, WR_RUNG_TRACEPOINT);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Lifecycle: a watched process's new processes are watched too (threads share the tgid and need
+ * nothing). Fork records are only sent when filtering (under --all every exit is reported anyway
+ * and a fork storm would double the ring traffic). raw_tp twins carry the same arguments as
+ * tp_btf and are the fallback where tp_btf is missing. */
+
+static __always_inline int handle_fork(struct task_struct *parent, struct task_struct *child,
+				       __u16 rung)
+{
+	__u32 child_pid = BPF_CORE_READ(child, pid);
+	__u32 parent_tgid = BPF_CORE_READ(parent, tgid);
+	struct wr_fork *e;
+	__u8 one = 1;
+
+	if (cfg.filter_all || child_pid != BPF_CORE_READ(child, tgid))
+		return 0;
+	if (parent_tgid == cfg.self_tgid || !is_watched(parent, parent_tgid))
+		return 0;
+	bpf_map_update_elem(&watched_pids, &child_pid, &one, BPF_ANY);
+
+	e = reserve(sizeof(*e));
+	if (!e)
+		return 0;
+	fill_hdr(&e->h, WR_EV_FORK, sizeof(*e), rung, parent);
+	e->child_pid = child_pid;
+	e->_pad = 0;
+	bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+	return 0;
+}
+
+SEC("tp_btf/sched_process_fork")
+int BPF_PROG(fork_btf, struct task_struct *parent, struct task_struct *child)
+{
+	return handle_fork(parent, child, WR_RUNG_TP_BTF);
+}
+
+SEC("raw_tp/sched_process_fork")
+int BPF_PROG(fork_raw, struct task_struct *parent, struct task_struct *child)
+{
+	return handle_fork(parent, child, WR_RUNG_TRACEPOINT);
+}
+
+static __always_inline int handle_exec(struct task_struct *task, struct linux_binprm *bprm,
+				       __u16 rung)
+{
+	__u32 tgid = BPF_CORE_READ(task, tgid);
+	struct wr_exec *e;
+
+	if (tgid == cfg.self_tgid || !is_watched(task, tgid))
+		return 0;
+	e = reserve(sizeof(*e));
+	if (!e)
+		return 0;
+	fill_hdr(&e->h, WR_EV_EXEC, sizeof(*e), rung, task);
+	bpf_probe_read_kernel_str(&e->filename, sizeof(e->filename), BPF_CORE_READ(bprm, filename));
+	bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+	return 0;
+}
+
+SEC("tp_btf/sched_process_exec")
+int BPF_PROG(exec_btf, struct task_struct *task, pid_t old_pid, struct linux_binprm *bprm)
+{
+	return handle_exec(task, bprm, WR_RUNG_TP_BTF);
+}
+
+SEC("raw_tp/sched_process_exec")
+int BPF_PROG(exec_raw, struct task_struct *task, pid_t old_pid, struct linux_binprm *bprm)
+{
+	return handle_exec(task, bprm, WR_RUNG_TRACEPOINT);
+}

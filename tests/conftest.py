@@ -1,0 +1,42 @@
+"""Shared fixtures and the tier markers' skip rules.
+
+Tiers: pure tests need nothing; ``bpfobj`` needs the compiled object and bpftool; ``root``
+needs root, BTF and a memory cgroup controller. A test that cannot run here is skipped with the
+reason, and pytest -ra lists every skip in the summary.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from tracer.bpf import hooks
+
+
+def _root_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root (tier 3: real kernel)"
+    if not os.path.exists("/sys/kernel/btf/vmlinux"):
+        return "kernel has no BTF"
+    if not os.path.exists(hooks.object_path()):
+        return f"BPF object not built ({hooks.object_path()}): run scripts/setup"
+    return None
+
+
+def _bpfobj_reason() -> str | None:
+    if not os.path.exists(hooks.object_path()):
+        return f"BPF object not built ({hooks.object_path()}): run scripts/setup"
+    if shutil.which("bpftool") is None and not os.path.exists("/usr/sbin/bpftool"):
+        return "bpftool not installed"
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    root, bpfobj = _root_reason(), _bpfobj_reason()
+    for item in items:
+        if root and "root" in item.keywords:
+            item.add_marker(pytest.mark.skip(reason=root))
+        if bpfobj and "bpfobj" in item.keywords:
+            item.add_marker(pytest.mark.skip(reason=bpfobj))

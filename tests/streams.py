@@ -1,0 +1,108 @@
+"""Readable synthetic event streams for analysis tests: times in seconds, sensible defaults."""
+
+from __future__ import annotations
+
+import signal as _signal
+
+from tracer.events import SI_KERNEL, SI_USER, CgroupInfo, Exit, KmsgOom, OomKill, Signal
+
+S = 1_000_000_000
+MiB = 1024 * 1024
+
+
+def t(seconds: float) -> int:
+    return int(seconds * S)
+
+
+def exit_code(at: float, pid: int, code: int, comm: str = "app", start: float = 0.0) -> Exit:
+    return Exit(
+        ts=t(at), pid=pid, ppid=1, comm=comm, cgroup_id=10, status=code << 8, start_ns=t(start)
+    )
+
+
+def killed(
+    at: float, pid: int, sig: int, comm: str = "app", core: bool = False, start: float = 0.0
+) -> Exit:
+    return Exit(
+        ts=t(at),
+        pid=pid,
+        ppid=1,
+        comm=comm,
+        cgroup_id=10,
+        status=sig | (0x80 if core else 0),
+        start_ns=t(start),
+    )
+
+
+def sent(
+    at: float,
+    sender: int,
+    target: int,
+    sig: int = _signal.SIGTERM,
+    comm: str = "kill",
+    code: int = SI_USER,
+    target_comm: str = "app",
+) -> Signal:
+    return Signal(
+        ts=t(at),
+        sender_pid=sender,
+        sender_tid=sender,
+        sender_comm=comm,
+        sender_cgroup_id=10,
+        target_pid=target,
+        target_comm=target_comm,
+        sig=sig,
+        si_code=code,
+        result=0,
+        group=True,
+    )
+
+
+def oom(
+    at: float,
+    victim: int,
+    memcg: bool = True,
+    limit_cgroup: int = 20,
+    limit: int = 64 * MiB,
+    usage: int = 64 * MiB,
+    trigger: int | None = None,
+    rung: str = "tp_btf",
+) -> OomKill:
+    return OomKill(
+        ts=t(at),
+        victim_pid=victim,
+        victim_comm="app",
+        victim_cgroup_id=20,
+        trigger_pid=trigger or victim,
+        trigger_comm="app",
+        memcg=memcg,
+        limit_cgroup_id=limit_cgroup if memcg else 0,
+        limit_bytes=limit if memcg else 0,
+        usage_bytes=usage if memcg else 0,
+        rung=rung,
+    )
+
+
+def oom_killer_sigkill(at: float, victim: int, trigger: int) -> Signal:
+    return sent(at, trigger, victim, _signal.SIGKILL, comm="app", code=SI_KERNEL)
+
+
+def kmsg(at: float, victim: int, memcg: bool = True, oom_memcg: str = "/demo") -> KmsgOom:
+    return KmsgOom(
+        ts=t(at),
+        victim_pid=victim,
+        victim_comm="app",
+        constraint="CONSTRAINT_MEMCG" if memcg else "CONSTRAINT_NONE",
+        oom_memcg=oom_memcg if memcg else "",
+        task_memcg=oom_memcg,
+        total_vm_kb=100000,
+        anon_rss_kb=65000,
+        file_rss_kb=100,
+        shmem_rss_kb=0,
+        oom_score_adj=0,
+        memcg=memcg,
+    )
+
+
+def cgroup(cid: int, path: str, limit: int | None = None) -> CgroupInfo:
+    return CgroupInfo(ts=0, cgroup_id=cid, path=path, hierarchy="memory", limit_bytes=limit)

@@ -1,0 +1,117 @@
+"""Python mirror of ``bpf/events.h``: one ctypes structure per C struct, nothing else.
+
+tests/test_layout.py checks every size and offset here against the BTF of the compiled object,
+so a change on one side without the other fails a test instead of corrupting events. The
+decoder derives its ``struct`` formats from these definitions, so the layout exists once.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+from typing import Any
+
+COMM_LEN = 16
+FILENAME_LEN = 128
+
+EV_EXIT, EV_SIGNAL, EV_OOM, EV_FORK, EV_EXEC = 1, 2, 3, 4, 5
+
+RUNG_NAMES = {1: "fentry", 2: "kprobe", 3: "tp_btf", 4: "tracepoint"}
+
+u16, u32, s32, u64 = ctypes.c_uint16, ctypes.c_uint32, ctypes.c_int32, ctypes.c_uint64
+
+
+class WrHdr(ctypes.Structure):
+    _fields_ = [
+        ("type", u16),
+        ("size", u16),
+        ("rung", u16),
+        ("_pad", u16),
+        ("ts_ns", u64),
+        ("pid", u32),
+        ("tgid", u32),
+        ("cgroup_id", u64),
+        ("comm", ctypes.c_char * COMM_LEN),
+    ]
+
+
+class WrExit(ctypes.Structure):
+    _fields_ = [("h", WrHdr), ("exit_code", u32), ("ppid", u32), ("start_ns", u64)]
+
+
+class WrSignal(ctypes.Structure):
+    _fields_ = [
+        ("h", WrHdr),
+        ("target_pid", u32),
+        ("sig", s32),
+        ("si_code", s32),
+        ("result", s32),
+        ("group", u32),
+        ("_pad", u32),
+        ("target_comm", ctypes.c_char * COMM_LEN),
+    ]
+
+
+class WrOom(ctypes.Structure):
+    _fields_ = [
+        ("h", WrHdr),
+        ("victim_pid", u32),
+        ("memcg", u32),
+        ("victim_cgroup_id", u64),
+        ("limit_cgroup_id", u64),
+        ("limit_pages", u64),
+        ("usage_pages", u64),
+        ("victim_comm", ctypes.c_char * COMM_LEN),
+    ]
+
+
+class WrFork(ctypes.Structure):
+    _fields_ = [("h", WrHdr), ("child_pid", u32), ("_pad", u32)]
+
+
+class WrExec(ctypes.Structure):
+    _fields_ = [("h", WrHdr), ("filename", ctypes.c_char * FILENAME_LEN)]
+
+
+class WrConfig(ctypes.Structure):
+    _fields_ = [
+        ("filter_all", u32),
+        ("memcg_v1", u32),
+        ("self_tgid", u32),
+        ("watch_cgroups", u32),
+    ]
+
+
+# C struct name -> mirror, for the layout test.
+STRUCTS: dict[str, type[ctypes.Structure]] = {
+    "wr_hdr": WrHdr,
+    "wr_exit": WrExit,
+    "wr_signal": WrSignal,
+    "wr_oom": WrOom,
+    "wr_fork": WrFork,
+    "wr_exec": WrExec,
+    "wr_config": WrConfig,
+}
+
+_CODES: dict[Any, str] = {u16: "H", u32: "I", s32: "i", u64: "Q"}
+
+
+def _format_of(cls: type[ctypes.Structure]) -> str:
+    out = ""
+    for spec in cls._fields_:
+        ctype = spec[1]
+        if isinstance(ctype, type) and issubclass(ctype, ctypes.Structure):
+            out += _format_of(ctype)
+        elif isinstance(ctype, type) and issubclass(ctype, ctypes.Array):
+            out += f"{ctypes.sizeof(ctype)}s"
+        else:
+            out += _CODES[ctype]
+    return out
+
+
+def struct_of(cls: type[ctypes.Structure]) -> struct.Struct:
+    """A native-order ``struct.Struct`` with the same layout (checked: sizes must agree)."""
+    st = struct.Struct("=" + _format_of(cls))
+    if st.size != ctypes.sizeof(cls):
+        raise AssertionError(f"{cls.__name__}: padding the struct format does not express")
+    return st

@@ -1,0 +1,338 @@
+"""The system libbpf (>= 1.0) through ctypes: the only module that calls into it.
+
+Why ctypes and not bcc: bcc compiles BPF at run time and needs kernel headers and LLVM on every
+host. whyrestart ships a CO-RE object compiled once; libbpf relocates it against the running
+kernel's BTF at load time.
+
+Every failing call raises ``BpfError`` naming the step ("attaching tp_btf/sched_process_exit")
+and the errno, with a fix where one is known. libbpf's own log lines are captured (not printed)
+so that a failed load can show the verifier's reason.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from tracer.errors import BpfError, KernelUnsupported
+
+_LIBBPF_NAMES = ("libbpf.so.1", "libbpf.so")
+
+c_void_p = ctypes.c_void_p
+c_char_p = ctypes.c_char_p
+c_int = ctypes.c_int
+c_size_t = ctypes.c_size_t
+
+PRINT_FN = ctypes.CFUNCTYPE(c_int, c_int, c_char_p, c_void_p)
+SAMPLE_FN = ctypes.CFUNCTYPE(c_int, c_void_p, c_void_p, c_size_t)
+
+LIBBPF_WARN, LIBBPF_INFO, LIBBPF_DEBUG = 0, 1, 2
+BPF_ANY = 0
+
+
+def _fix_for(step: str, err: int) -> str | None:
+    if err == errno.EPERM:
+        if "fentry" in step or "fexit" in step:
+            return (
+                "this kernel refuses BPF trampolines (lockdown or a missing feature); "
+                "whyrestart falls back to the next rung"
+            )
+        return "run as root (or with CAP_BPF, CAP_PERFMON and CAP_SYS_RESOURCE)"
+    if err == errno.ENOENT and "tracepoint" in step:
+        return "mount tracefs: mount -t tracefs tracefs /sys/kernel/tracing"
+    if err in (errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOENT) and "kprobe" in step:
+        return "this kernel has no kprobes (CONFIG_KPROBES); the next rung is used"
+    if err == errno.ESRCH:
+        return "the kernel has no such function or tracepoint on this version"
+    return None
+
+
+class _Lib:
+    """The loaded shared library with argument and result types declared once."""
+
+    def __init__(self) -> None:
+        path = None
+        for name in _LIBBPF_NAMES:
+            try:
+                self.dll = ctypes.CDLL(name, use_errno=True)
+                path = name
+                break
+            except OSError:
+                continue
+        if path is None:
+            found = ctypes.util.find_library("bpf")
+            if found is None:
+                raise KernelUnsupported(
+                    "libbpf is not installed (libbpf.so.1 not found)",
+                    "apt-get install libbpf1 (scripts/setup does this)",
+                )
+            self.dll = ctypes.CDLL(found, use_errno=True)
+        d = self.dll
+        sig: dict[str, tuple[Any, list[Any]]] = {
+            "libbpf_major_version": (ctypes.c_uint32, []),
+            "libbpf_minor_version": (ctypes.c_uint32, []),
+            "libbpf_set_print": (c_void_p, [PRINT_FN]),
+            "libbpf_num_possible_cpus": (c_int, []),
+            "bpf_object__open_file": (c_void_p, [c_char_p, c_void_p]),
+            "bpf_object__load": (c_int, [c_void_p]),
+            "bpf_object__close": (None, [c_void_p]),
+            "bpf_object__next_program": (c_void_p, [c_void_p, c_void_p]),
+            "bpf_object__find_program_by_name": (c_void_p, [c_void_p, c_char_p]),
+            "bpf_object__find_map_by_name": (c_void_p, [c_void_p, c_char_p]),
+            "bpf_program__name": (c_char_p, [c_void_p]),
+            "bpf_program__section_name": (c_char_p, [c_void_p]),
+            "bpf_program__set_autoload": (c_int, [c_void_p, ctypes.c_bool]),
+            "bpf_program__autoload": (ctypes.c_bool, [c_void_p]),
+            "bpf_program__attach": (c_void_p, [c_void_p]),
+            "bpf_link__destroy": (c_int, [c_void_p]),
+            "bpf_map__fd": (c_int, [c_void_p]),
+            "bpf_map__initial_value": (c_void_p, [c_void_p, ctypes.POINTER(c_size_t)]),
+            "bpf_map__update_elem": (
+                c_int,
+                [c_void_p, c_void_p, c_size_t, c_void_p, c_size_t, ctypes.c_uint64],
+            ),
+            "bpf_map__lookup_elem": (
+                c_int,
+                [c_void_p, c_void_p, c_size_t, c_void_p, c_size_t, ctypes.c_uint64],
+            ),
+            "bpf_map__delete_elem": (c_int, [c_void_p, c_void_p, c_size_t, ctypes.c_uint64]),
+            "ring_buffer__new": (c_void_p, [c_int, SAMPLE_FN, c_void_p, c_void_p]),
+            "ring_buffer__poll": (c_int, [c_void_p, c_int]),
+            "ring_buffer__consume": (c_int, [c_void_p]),
+            "ring_buffer__epoll_fd": (c_int, [c_void_p]),
+            "ring_buffer__free": (None, [c_void_p]),
+        }
+        for name, (res, args) in sig.items():
+            fn = getattr(d, name)
+            fn.restype = res
+            fn.argtypes = args
+        major, minor = d.libbpf_major_version(), d.libbpf_minor_version()
+        if major < 1:
+            raise KernelUnsupported(
+                f"libbpf {major}.{minor} is too old: whyrestart needs libbpf >= 1.0",
+                "install libbpf1 >= 1.0 (Debian 12 / Ubuntu 22.10 and newer ship it)",
+            )
+        self.version = f"{major}.{minor}"
+        self._libc = ctypes.CDLL(None)
+        self._libc.vsnprintf.argtypes = [c_char_p, c_size_t, c_char_p, c_void_p]
+        self._libc.vsnprintf.restype = c_int
+        self.log: list[str] = []
+        self._log_lock = threading.Lock()
+        # Keep a reference: a collected ctypes callback would crash libbpf.
+        self._print_cb = PRINT_FN(self._on_print)
+        d.libbpf_set_print(self._print_cb)
+
+    def _on_print(self, level: int, fmt: bytes | None, va_list: int | None) -> int:
+        # va_list is an array type on x86-64 and arm64, so it arrives as a pointer and
+        # vsnprintf can format it.
+        buf = ctypes.create_string_buffer(2048)
+        self._libc.vsnprintf(buf, len(buf), fmt, va_list)
+        if level <= LIBBPF_INFO:
+            with self._log_lock:
+                self.log.append(buf.value.decode(errors="replace").rstrip())
+                del self.log[:-400]
+        return 0
+
+    def take_log(self) -> list[str]:
+        with self._log_lock:
+            out, self.log = self.log, []
+        return out
+
+
+_lib: _Lib | None = None
+
+
+def lib() -> _Lib:
+    global _lib
+    if _lib is None:
+        _lib = _Lib()
+    return _lib
+
+
+def _err() -> int:
+    return ctypes.get_errno() or errno.EINVAL
+
+
+class Program:
+    def __init__(self, ptr: int) -> None:
+        self.ptr = ptr
+        self.name = (lib().dll.bpf_program__name(ptr) or b"").decode()
+        self.section = (lib().dll.bpf_program__section_name(ptr) or b"").decode()
+
+    def set_autoload(self, on: bool) -> None:
+        rc = lib().dll.bpf_program__set_autoload(self.ptr, on)
+        if rc < 0:
+            raise BpfError(f"setting autoload of {self.section}", -rc)
+
+    def attach(self) -> Link:
+        link = lib().dll.bpf_program__attach(self.ptr)
+        if not link:
+            err = _err()
+            step = f"attaching {self.section}"
+            raise BpfError(step, err, _fix_for(step, err))
+        return Link(link)
+
+
+class Link:
+    def __init__(self, ptr: int) -> None:
+        self.ptr: int | None = ptr
+
+    def destroy(self) -> None:
+        if self.ptr:
+            lib().dll.bpf_link__destroy(self.ptr)
+            self.ptr = None
+
+
+class Map:
+    def __init__(self, ptr: int, name: str) -> None:
+        self.ptr = ptr
+        self.name = name
+
+    @property
+    def fd(self) -> int:
+        return int(lib().dll.bpf_map__fd(self.ptr))
+
+    def initial_value(self) -> ctypes.Array[ctypes.c_char]:
+        """The writable, pre-load contents of a global-data map (.rodata, .bss, .data)."""
+        size = c_size_t(0)
+        ptr = lib().dll.bpf_map__initial_value(self.ptr, ctypes.byref(size))
+        if not ptr:
+            raise BpfError(f"reading initial value of map {self.name}", _err())
+        return (ctypes.c_char * size.value).from_address(ptr)
+
+    def update(self, key: ctypes._CData, value: ctypes._CData, flags: int = BPF_ANY) -> None:
+        rc = lib().dll.bpf_map__update_elem(
+            self.ptr,
+            ctypes.byref(key),
+            ctypes.sizeof(key),
+            ctypes.byref(value),
+            ctypes.sizeof(value),
+            flags,
+        )
+        if rc < 0:
+            raise BpfError(f"updating map {self.name}", -rc)
+
+    def lookup(self, key: ctypes._CData, value: ctypes._CData) -> bool:
+        rc = lib().dll.bpf_map__lookup_elem(
+            self.ptr,
+            ctypes.byref(key),
+            ctypes.sizeof(key),
+            ctypes.byref(value),
+            ctypes.sizeof(value),
+            0,
+        )
+        if rc == -errno.ENOENT:
+            return False
+        if rc < 0:
+            raise BpfError(f"reading map {self.name}", -rc)
+        return True
+
+    def delete(self, key: ctypes._CData) -> None:
+        rc = lib().dll.bpf_map__delete_elem(self.ptr, ctypes.byref(key), ctypes.sizeof(key), 0)
+        if rc < 0 and rc != -errno.ENOENT:
+            raise BpfError(f"deleting from map {self.name}", -rc)
+
+    def percpu_sum_u64(self, index: int = 0) -> int:
+        """Sum one u64 slot of a per-CPU array over every possible CPU."""
+        ncpu = lib().dll.libbpf_num_possible_cpus()
+        if ncpu <= 0:
+            raise BpfError("counting possible CPUs", -ncpu or errno.EINVAL)
+        values = (ctypes.c_uint64 * ncpu)()
+        key = ctypes.c_uint32(index)
+        if not self.lookup(key, values):
+            return 0
+        return sum(values)
+
+
+class BpfObject:
+    """An opened (and later loaded) BPF object file."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        ptr = lib().dll.bpf_object__open_file(path.encode(), None)
+        if not ptr:
+            err = _err()
+            fix = "build it: make -C bpf (scripts/setup does this)" if err == errno.ENOENT else None
+            raise BpfError(f"opening BPF object {path}", err, fix)
+        self.ptr: int | None = ptr
+
+    def programs(self) -> Iterator[Program]:
+        prog = None
+        while True:
+            prog = lib().dll.bpf_object__next_program(self.ptr, prog)
+            if not prog:
+                return
+            yield Program(prog)
+
+    def program(self, name: str) -> Program:
+        ptr = lib().dll.bpf_object__find_program_by_name(self.ptr, name.encode())
+        if not ptr:
+            raise BpfError(f"finding program {name} in {self.path}", errno.ENOENT)
+        return Program(ptr)
+
+    def map(self, name: str) -> Map:
+        ptr = lib().dll.bpf_object__find_map_by_name(self.ptr, name.encode())
+        if not ptr:
+            raise BpfError(f"finding map {name} in {self.path}", errno.ENOENT)
+        return Map(ptr, name)
+
+    def load(self) -> None:
+        lib().take_log()
+        rc = lib().dll.bpf_object__load(self.ptr)
+        if rc < 0:
+            step = f"loading {self.path}"
+            raise BpfError(step, -rc, _fix_for(step, -rc))
+
+    def close(self) -> None:
+        if self.ptr:
+            lib().dll.bpf_object__close(self.ptr)
+            self.ptr = None
+
+
+class RingBuffer:
+    """A libbpf ring-buffer consumer that collects raw records in batches.
+
+    The per-record callback only copies bytes into a list; decoding happens later, in bulk, in
+    pure Python (tracer.bpf.decode). ``drain`` waits up to ``timeout_ms`` for a wake-up, then
+    consumes everything pending, including records submitted with BPF_RB_NO_WAKEUP, which
+    never make the epoll fd ready on their own.
+    """
+
+    def __init__(self, events_map: Map) -> None:
+        self._batch: list[bytes] = []
+        append = self._batch.append
+        string_at = ctypes.string_at
+
+        def on_sample(_ctx: int | None, data: int | None, size: int) -> int:
+            append(string_at(data, size)) if data is not None else None
+            return 0
+
+        self._cb: Callable[..., int] = SAMPLE_FN(on_sample)
+        ptr = lib().dll.ring_buffer__new(events_map.fd, self._cb, None, None)
+        if not ptr:
+            raise BpfError("creating the ring-buffer consumer", _err())
+        self.ptr: int | None = ptr
+
+    def drain(self, timeout_ms: int) -> list[bytes]:
+        d = lib().dll
+        rc = d.ring_buffer__poll(self.ptr, timeout_ms)
+        if rc < 0 and rc != -errno.EINTR:
+            raise BpfError("polling the ring buffer", -rc)
+        rc = d.ring_buffer__consume(self.ptr)
+        if rc < 0 and rc != -errno.EINTR:
+            raise BpfError("consuming the ring buffer", -rc)
+        out = self._batch[:]
+        self._batch.clear()
+        return out
+
+    def epoll_fd(self) -> int:
+        return int(lib().dll.ring_buffer__epoll_fd(self.ptr))
+
+    def free(self) -> None:
+        if self.ptr:
+            lib().dll.ring_buffer__free(self.ptr)
+            self.ptr = None

@@ -1,0 +1,153 @@
+"""``whyrestart doctor``: can this machine record, and with which rung of each hook?
+
+Every check is run (not just up to the first failure) and reported with its fix. The hook rungs
+come from a real load and attach of the BPF object with nothing watched, so they are what
+``record`` will get, not a guess.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+from dataclasses import dataclass
+from typing import Any
+
+from tracer.bpf import hooks, layout
+from tracer.errors import WhyrestartError
+from tracer.sources import system
+from tracer.sources.cgroupfs import CgroupLayout
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+    required: bool = True
+
+
+def run_checks() -> tuple[list[Check], dict[str, Any]]:
+    checks: list[Check] = []
+    facts: dict[str, Any] = {"kernel": platform.release()}
+    root = os.geteuid() == 0
+    checks.append(
+        Check(
+            "root",
+            root,
+            "running as root" if root else "not root",
+            "run with sudo" if not root else "",
+        )
+    )
+    btf = os.path.exists(system.BTF_PATH)
+    checks.append(
+        Check(
+            "btf",
+            btf,
+            system.BTF_PATH + (" present" if btf else " missing"),
+            "" if btf else "use a kernel with CONFIG_DEBUG_INFO_BTF=y",
+        )
+    )
+    version = system.libbpf_version()
+    checks.append(
+        Check(
+            "libbpf",
+            version is not None,
+            f"libbpf {version}" if version else "libbpf.so.1 not found",
+            "" if version else "apt-get install libbpf1",
+        )
+    )
+    obj = hooks.object_path()
+    built = os.path.exists(obj)
+    checks.append(
+        Check(
+            "bpf_object",
+            built,
+            obj + (" built" if built else " missing"),
+            "" if built else "run scripts/setup (or make -C bpf)",
+        )
+    )
+    tracefs = system.ensure_tracefs() if root else system.tracefs_events_dir()
+    checks.append(
+        Check(
+            "tracefs",
+            tracefs is not None,
+            f"tracepoints under {tracefs}" if tracefs else "tracefs not mounted",
+            "" if tracefs else "mount -t tracefs tracefs /sys/kernel/tracing",
+            required=False,
+        )
+    )
+    kmsg_ok = os.access("/dev/kmsg", os.R_OK)
+    checks.append(
+        Check(
+            "kmsg",
+            kmsg_ok,
+            "/dev/kmsg readable" if kmsg_ok else "/dev/kmsg not readable",
+            "" if kmsg_ok else "run as root",
+            required=False,
+        )
+    )
+    cg = CgroupLayout.from_system()
+    facts["cgroup"] = dataclasses.asdict(cg)
+    checks.append(
+        Check(
+            "memory_cgroup",
+            cg.memory_root is not None,
+            f"cgroup {cg.mode}; memory controller on v{cg.memory_version} at {cg.memory_root}"
+            if cg.memory_root
+            else f"cgroup {cg.mode}; no memory controller mounted",
+            ""
+            if cg.memory_root
+            else "mount the memory controller (cgroup v2: "
+            "echo +memory > /sys/fs/cgroup/cgroup.subtree_control)",
+            required=False,
+        )
+    )
+
+    if root and btf and built and version:
+        try:
+            cfg = layout.WrConfig(
+                filter_all=0,
+                memcg_v1=int(cg.memory_version == 1),
+                self_tgid=os.getpid(),
+                watch_cgroups=0,
+            )
+            probe = hooks.Probe(cfg)
+            try:
+                attached = probe.attach()
+            finally:
+                probe.close()
+            facts["hooks"] = attached.rungs
+            facts["hook_failures"] = attached.failures
+            for hook, rung in attached.rungs.items():
+                fails = "; ".join(attached.failures.get(hook, []))
+                optional = hook not in hooks.REQUIRED
+                checks.append(
+                    Check(
+                        f"hook:{hook}",
+                        rung is not None,
+                        (f"{rung}" + (f" (better rungs failed: {fails})" if fails else ""))
+                        if rung
+                        else f"no rung attached: {fails}",
+                        "" if rung else "see the reasons above",
+                        required=not optional,
+                    )
+                )
+        except WhyrestartError as exc:
+            checks.append(Check("hooks", False, str(exc), exc.fix or ""))
+    else:
+        checks.append(
+            Check(
+                "hooks",
+                False,
+                "not probed (needs root, BTF, libbpf and the built object)",
+                "fix the checks above",
+                required=True,
+            )
+        )
+    return checks, facts
+
+
+def can_record(checks: list[Check]) -> bool:
+    return all(c.ok for c in checks if c.required)

@@ -1,0 +1,437 @@
+"""A recording session: load and attach the BPF side, watch the targets, run the command, and
+stream every event, in time order, into the trace file and the live analysis.
+
+Data flow (one line per stage):
+  ring buffer -> decode -> + kernel-log OOM reports -> + cgroup names -> reorder window
+  -> trace writer and Analyzer (the very events written are the ones analysed, so replaying
+  the file gives the same verdicts).
+
+The ring buffer is drained on a 10 ms timer (records are submitted without wake-ups, except
+OOM kills), which keeps the tracer's cost low under exit storms (DESIGN.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import platform
+import signal
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+
+from tracer import __version__
+from tracer.analysis.verdicts import Analyzer, Verdict
+from tracer.bpf import hooks, layout
+from tracer.bpf.decode import Decoder
+from tracer.bpf.libbpf import RingBuffer
+from tracer.errors import KernelUnsupported, OutputError, PermissionProblem, UsageError
+from tracer.events import (
+    Event,
+    Exec,
+    Exit,
+    Fork,
+    KmsgOom,
+    Lost,
+    OomKill,
+    Signal,
+)
+from tracer.merge import Reorder
+from tracer.parse.kmsg import OomAssembler
+from tracer.sources import system
+from tracer.sources.cgroupfs import CgroupLayout, CgroupResolver
+from tracer.sources.kmsg import KmsgReader, monotonic_to_boottime_offset_ns, record_ts_ns
+from tracer.spawn import GatedChild
+from tracer.trace.format import SCHEMA_VERSION, TraceFooter, TraceHeader
+from tracer.trace.writer import TraceWriter
+
+POLL_MS = 10
+# After the command exits: time for the kernel log and the last records to arrive.
+GRACE_S = 0.2
+
+
+@dataclass
+class Targets:
+    pids: list[int] = field(default_factory=list)
+    cgroups: list[str] = field(default_factory=list)
+    all: bool = False
+    command: list[str] = field(default_factory=list)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "pids": self.pids,
+            "cgroups": self.cgroups,
+            "all": self.all,
+            "command": self.command,
+        }
+
+
+@dataclass
+class RecordResult:
+    path: str
+    header: TraceHeader
+    verdicts: list[Verdict]
+    counts: dict[str, int]
+    lost: int
+    warnings: list[str]
+    reason: str
+    command_status: int | None  # the command's exit status as a shell reports it
+
+
+def preflight() -> None:
+    """The checks without which recording cannot work, each with its fix."""
+    if os.geteuid() != 0:
+        raise PermissionProblem(
+            "recording needs root: BPF programs are loaded into the kernel",
+            "run it with sudo (replaying a trace does not need root)",
+        )
+    if not os.path.exists(system.BTF_PATH):
+        raise KernelUnsupported(
+            f"this kernel has no BTF ({system.BTF_PATH} is missing)",
+            "use a kernel built with CONFIG_DEBUG_INFO_BTF=y (the default on Debian, Ubuntu, "
+            "Fedora and RHEL since 2021)",
+        )
+    if not os.path.exists(hooks.object_path()):
+        raise KernelUnsupported(
+            f"the BPF object {hooks.object_path()} is not built",
+            "run scripts/setup (or: make -C bpf)",
+        )
+
+
+def _check_output(path: str) -> None:
+    d = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(d):
+        raise OutputError(
+            f"cannot write {path}: directory {d} does not exist",
+            "create it or choose another -o path",
+        )
+    if not os.access(d, os.W_OK):
+        raise OutputError(f"cannot write {path}: {d} is not writable", "choose a writable -o path")
+    if os.path.isdir(path):
+        raise OutputError(f"cannot write {path}: it is a directory", "name a file with -o")
+
+
+class _StopFlag:
+    def __init__(self) -> None:
+        self.reason: str | None = None
+
+    def set(self, reason: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+
+
+class Recorder:
+    def __init__(
+        self,
+        output: str,
+        targets: Targets,
+        *,
+        duration: float | None = None,
+        status: Callable[[str, bool], None] | None = None,
+        on_verdict: Callable[[Verdict], None] | None = None,
+    ) -> None:
+        self.output = output
+        self.targets = targets
+        self.duration = duration
+        self.status = status
+        self.on_verdict = on_verdict
+        self.stop = _StopFlag()
+        self.warnings: list[str] = []
+        self.analyzer = Analyzer()
+        self._named: set[int] = {0}
+        self._known_pids: set[int] = set()
+        self._watched_cgroup_paths: list[str] = []
+
+    # -- set-up -----------------------------------------------------------------------------
+
+    def _validate(self, resolver: CgroupResolver) -> list[int]:
+        for pid in self.targets.pids:
+            if not psutil.pid_exists(pid):
+                raise UsageError(f"no process with pid {pid}", "check the pid with ps")
+        ids = []
+        for path in self.targets.cgroups:
+            ids.append(resolver.id_of(path))
+            self._watched_cgroup_paths.append(path.rstrip("/") or "/")
+        if not (
+            self.targets.pids or self.targets.cgroups or self.targets.all or self.targets.command
+        ):
+            raise UsageError(
+                "nothing to record", "give a command after --, or --pid, --cgroup or --all"
+            )
+        return ids
+
+    def _seed_pid(self, probe: hooks.Probe, pid: int) -> None:
+        probe.watch_pid(pid)
+        self._known_pids.add(pid)
+        try:
+            for child in psutil.Process(pid).children(recursive=True):
+                probe.watch_pid(child.pid)
+                self._known_pids.add(child.pid)
+        except psutil.Error:
+            pass
+
+    def _start_command(self, probe: hooks.Probe) -> GatedChild:
+        child = GatedChild(self.targets.command)
+        probe.watch_pid(child.pid)
+        self._known_pids.add(child.pid)
+        child.release()
+        return child
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def run(self) -> RecordResult:
+        preflight()
+        _check_output(self.output)
+        system.ensure_tracefs()
+        cg_layout = CgroupLayout.from_system()
+        resolver = CgroupResolver(cg_layout)
+        cgroup_ids = self._validate(resolver)
+        config = layout.WrConfig(
+            filter_all=int(self.targets.all),
+            memcg_v1=int(cg_layout.memory_version == 1),
+            self_tgid=os.getpid(),
+            watch_cgroups=int(bool(cgroup_ids)),
+        )
+        probe = hooks.Probe(config)
+        try:
+            return self._run(probe, resolver, cg_layout, cgroup_ids)
+        finally:
+            probe.close()
+
+    def _kmsg(self) -> KmsgReader | None:
+        try:
+            return KmsgReader()
+        except Exception as exc:
+            self.warnings.append(f"kernel log unavailable ({exc}): OOM reports come from BPF only")
+            return None
+
+    def _run(
+        self,
+        probe: hooks.Probe,
+        resolver: CgroupResolver,
+        cg_layout: CgroupLayout,
+        cgroup_ids: list[int],
+    ) -> RecordResult:
+        attached = probe.attach()
+        for hook, rung in attached.rungs.items():
+            if rung is None and hook != "oom_context":
+                self.warnings.append(
+                    f"hook {hook} did not attach: " + "; ".join(attached.failures.get(hook, []))
+                )
+        rungs: dict[str, str | None] = dict(attached.rungs)
+        kmsg = self._kmsg()
+        if rungs.get("oom") is None and kmsg is not None:
+            rungs["oom"] = "kmsg"
+        for cid in cgroup_ids:
+            probe.watch_cgroup(cid)
+        for path in self.targets.cgroups:
+            for pid in resolver.procs(path):
+                self._seed_pid(probe, pid)
+        for pid in self.targets.pids:
+            self._seed_pid(probe, pid)
+
+        rb = RingBuffer(probe.events)
+        decoder = Decoder(page_size=os.sysconf("SC_PAGE_SIZE"))
+        assembler = OomAssembler()
+        kmsg_offset = monotonic_to_boottime_offset_ns()
+        start_ns = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+        header = TraceHeader(
+            schema=SCHEMA_VERSION,
+            tool_version=__version__,
+            host=platform.node(),
+            kernel=platform.release(),
+            cgroup=dataclasses.asdict(cg_layout),
+            clock_offset_ns=time.time_ns() - start_ns,
+            hooks=rungs,
+            targets=self.targets.describe(),
+            started_ns=start_ns,
+            extra={
+                "hook_failures": attached.failures,
+                "page_size": decoder.page_size,
+                "libbpf": system.libbpf_version(),
+            },
+        )
+        writer = TraceWriter.open(self.output, header)
+        reorder = Reorder()
+        lost_seen = 0
+        child: GatedChild | None = None
+        prev_handlers = self._install_signal_handlers()
+        started = time.monotonic()
+        next_status = started
+        grace_until: float | None = None
+        try:
+            if self.targets.command:
+                child = self._start_command(probe)
+            while True:
+                events = decoder.decode_batch(rb.drain(POLL_MS))
+                if kmsg is not None:
+                    for rec in kmsg.read_available():
+                        events.extend(
+                            k
+                            for k in assembler.feed(rec, record_ts_ns(rec, kmsg_offset))
+                            if self._wants_kmsg(k)
+                        )
+                now_ns = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+                lost = probe.lost_count()
+                if lost > lost_seen:
+                    events.append(Lost(ts=now_ns, count=lost - lost_seen))
+                    lost_seen = lost
+                self._track(events)
+                reorder.push(self._name_cgroups(events, resolver))
+                self._emit(reorder.pop_ready(now_ns), writer)
+
+                now = time.monotonic()
+                if self.status and now >= next_status:
+                    self.status(self._status_line(now - started, writer, lost_seen), False)
+                    next_status = now + 0.5
+                if grace_until is None:
+                    reason = self._should_stop(child, now - started)
+                    if reason:
+                        self.stop.set(reason)
+                        grace_until = now + GRACE_S
+                elif now >= grace_until:
+                    break
+            # final drain: whatever is still in flight
+            events = decoder.decode_batch(rb.drain(0))
+            self._track(events)
+            reorder.push(self._name_cgroups(events, resolver))
+            self._emit(reorder.flush(), writer)
+            lost = probe.lost_count()
+            if lost > lost_seen:
+                ev = Lost(ts=time.clock_gettime_ns(time.CLOCK_BOOTTIME), count=lost - lost_seen)
+                self._emit([ev], writer)
+                lost_seen = lost
+        finally:
+            self._restore_signal_handlers(prev_handlers)
+            rb.free()
+            if kmsg is not None:
+                kmsg.close()
+        if decoder.unknown or decoder.malformed:
+            self.warnings.append(
+                f"{decoder.unknown} records of unknown type and "
+                f"{decoder.malformed} short records were skipped"
+            )
+        if reorder.late:
+            self.warnings.append(f"{reorder.late} events arrived later than the reorder window")
+        command_status = None
+        if child is not None and child.returncode is not None:
+            rc = child.returncode
+            command_status = rc if rc >= 0 else 128 - rc
+        footer = TraceFooter(
+            ended_ns=time.clock_gettime_ns(time.CLOCK_BOOTTIME),
+            counts=dict(writer.counts),
+            lost=lost_seen,
+            warnings=list(self.warnings),
+            exit=self.stop.reason or "stopped",
+        )
+        writer.close(footer)
+        if self.status:
+            self.status(self._status_line(time.monotonic() - started, writer, lost_seen), True)
+        return RecordResult(
+            path=self.output,
+            header=header,
+            verdicts=list(self.analyzer.verdicts),
+            counts=dict(writer.counts),
+            lost=lost_seen,
+            warnings=list(self.warnings),
+            reason=self.stop.reason or "stopped",
+            command_status=command_status,
+        )
+
+    def _should_stop(self, child: GatedChild | None, elapsed: float) -> str | None:
+        if self.stop.reason:
+            return self.stop.reason
+        if child is not None and child.poll() is not None:
+            return "command exited"
+        if self.duration is not None and elapsed >= self.duration:
+            return "duration reached"
+        if (
+            child is None
+            and self.targets.pids
+            and not self.targets.all
+            and not self.targets.cgroups
+            and not any(psutil.pid_exists(p) for p in self.targets.pids)
+        ):
+            return "watched processes exited"
+        return None
+
+    def _emit(self, events: Sequence[Event], writer: TraceWriter) -> None:
+        if not events:
+            return
+        writer.write_many(events)
+        for ev in events:
+            verdict = self.analyzer.feed(ev)
+            if verdict is not None and self.on_verdict is not None:
+                self.on_verdict(verdict)
+
+    def _track(self, events: Sequence[Event]) -> None:
+        for ev in events:
+            if isinstance(ev, Fork):
+                self._known_pids.add(ev.child_pid)
+            elif isinstance(ev, Exec):
+                self._known_pids.add(ev.pid)
+
+    def _wants_kmsg(self, k: KmsgOom) -> bool:
+        if self.targets.all or k.victim_pid in self._known_pids:
+            return True
+        return any(
+            k.task_memcg == p or k.task_memcg.startswith(p.rstrip("/") + "/")
+            for p in self._watched_cgroup_paths
+        )
+
+    def _name_cgroups(self, events: list[Event], resolver: CgroupResolver) -> list[Event]:
+        """Prefix each event whose cgroup ids are new with their CgroupInfo records."""
+        out: list[Event] = []
+        for ev in events:
+            for cid in _cgroup_ids(ev):
+                if cid not in self._named:
+                    self._named.add(cid)
+                    info = resolver.info(cid, ev.ts)
+                    if info is not None:
+                        out.append(info)
+            out.append(ev)
+        return out
+
+    def _status_line(self, elapsed: float, writer: TraceWriter, lost: int) -> str:
+        n = sum(writer.counts.values())
+        size = writer.bytes_written
+        return (
+            f"recording {elapsed:6.1f}s  events {n}  lost {lost}  "
+            f"{self.output} {size / 1024:.1f} KiB"
+        )
+
+    # -- signals ----------------------------------------------------------------------------
+
+    def _install_signal_handlers(self) -> dict[int, Any]:
+        prev: dict[int, Any] = {}
+
+        def handler(signum: int, _frame: object) -> None:
+            self.stop.set(f"interrupted by {signal.Signals(signum).name}")
+
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            # not the main thread (tests): the caller stops us instead
+            with contextlib.suppress(ValueError):
+                prev[sig] = signal.signal(sig, handler)
+        return prev
+
+    @staticmethod
+    def _restore_signal_handlers(prev: dict[int, Any]) -> None:
+        for sig, h in prev.items():
+            signal.signal(sig, h)
+
+
+def _cgroup_ids(ev: Event) -> tuple[int, ...]:
+    if isinstance(ev, Exit | Fork | Exec):
+        return (ev.cgroup_id,)
+    if isinstance(ev, Signal):
+        return (ev.sender_cgroup_id,)
+    if isinstance(ev, OomKill):
+        return (ev.victim_cgroup_id, ev.limit_cgroup_id)
+    return ()
+
+
+__all__ = ["RecordResult", "Recorder", "Targets", "preflight"]

@@ -1,0 +1,123 @@
+"""Text output: the event timeline and the verdict table. Pure string building.
+
+Times are shown relative to the start of the recording (seconds) and, where the trace header
+gives the clock offset, as wall-clock time: the only place wall-clock time appears.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from collections.abc import Callable, Iterable
+
+from tracer.analysis.verdicts import Verdict, describe_status, fmt_bytes
+from tracer.events import (
+    SI_KERNEL,
+    CgroupInfo,
+    Event,
+    Exec,
+    Exit,
+    Fork,
+    KmsgOom,
+    Lost,
+    OomKill,
+    Signal,
+    signal_name,
+    signal_result_name,
+)
+
+
+class Clock:
+    """Formats CLOCK_BOOTTIME timestamps relative to a start and as wall-clock time."""
+
+    def __init__(self, start_ns: int, offset_ns: int | None) -> None:
+        self.start_ns = start_ns
+        self.offset_ns = offset_ns
+
+    def rel(self, ts: int) -> str:
+        return f"+{(ts - self.start_ns) / 1e9:.3f}s"
+
+    def wall(self, ts: int) -> str:
+        if self.offset_ns is None:
+            return self.rel(ts)
+        t = _dt.datetime.fromtimestamp((ts + self.offset_ns) / 1e9, tz=_dt.UTC)
+        return t.strftime("%H:%M:%S.%f")[:-3]
+
+
+def describe(ev: Event, cgroup_path: Callable[[int], str | None]) -> str | None:
+    """One line for a timeline, or None for events that are not shown on their own."""
+    if isinstance(ev, Exit):
+        return f"exit    {describe_status(ev)}"
+    if isinstance(ev, Signal) and ev.si_code == SI_KERNEL:
+        return (
+            f"signal  {signal_name(ev.sig)} from the kernel (running in pid {ev.sender_pid}, "
+            f"{ev.sender_comm}) to pid {ev.target_pid} ({ev.target_comm}): "
+            f"{signal_result_name(ev.result)}"
+        )
+    if isinstance(ev, Signal):
+        return (
+            f"signal  {signal_name(ev.sig)} from pid {ev.sender_pid} ({ev.sender_comm}) to "
+            f"pid {ev.target_pid} ({ev.target_comm}): {signal_result_name(ev.result)}"
+        )
+    if isinstance(ev, OomKill):
+        if ev.memcg:
+            where = cgroup_path(ev.limit_cgroup_id) or f"cgroup id {ev.limit_cgroup_id}"
+            scope = f"memcg {where} at {fmt_bytes(ev.usage_bytes)} of {fmt_bytes(ev.limit_bytes)}"
+        else:
+            scope = "global (host out of memory)"
+        return (
+            f"oom     OOM killer chose pid {ev.victim_pid} ({ev.victim_comm or '?'}), "
+            f"{scope}; triggered by pid {ev.trigger_pid} ({ev.trigger_comm}) [{ev.rung}]"
+        )
+    if isinstance(ev, KmsgOom):
+        rss = f", anon-rss {ev.anon_rss_kb} kB" if ev.anon_rss_kb is not None else ""
+        memcg = f", oom_memcg={ev.oom_memcg}" if ev.oom_memcg else ""
+        return (
+            f"kmsg    kernel log: killed pid {ev.victim_pid} ({ev.victim_comm}), "
+            f"{ev.constraint or 'no constraint line'}{memcg}{rss}"
+        )
+    if isinstance(ev, Fork):
+        return f"fork    pid {ev.parent_pid} ({ev.comm}) -> pid {ev.child_pid}"
+    if isinstance(ev, Exec):
+        return f"exec    pid {ev.pid} runs {ev.filename}"
+    if isinstance(ev, Lost):
+        return f"LOST    {ev.count} events the kernel could not hand over (ring buffer full)"
+    if isinstance(ev, CgroupInfo):
+        return None
+    return None  # pragma: no cover - every kind is listed above
+
+
+def timeline(
+    events: Iterable[Event], clock: Clock, cgroup_path: Callable[[int], str | None]
+) -> Iterable[str]:
+    for ev in events:
+        line = describe(ev, cgroup_path)
+        if line is not None:
+            yield f"{clock.rel(ev.ts):>10}  {line}"
+
+
+def verdict_table(verdicts: list[Verdict], clock: Clock, evidence: bool = True) -> str:
+    if not verdicts:
+        return "No process of the watched set exited: no verdicts.\n"
+    rows = [("time", "pid", "comm", "cause", "confidence", "what happened")]
+    for v in verdicts:
+        rows.append((clock.rel(v.ts), str(v.pid), v.comm, v.cause, v.confidence, v.summary))
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    lines = []
+    for r in rows:
+        lines.append(
+            "  ".join(c.ljust(w) for c, w in zip(r[:5], widths, strict=True)) + "  " + r[5]
+        )
+    lines.insert(1, "  ".join("-" * w for w in widths) + "  " + "-" * 13)
+    out = "\n".join(lines) + "\n"
+    if evidence:
+        for v in verdicts:
+            if v.cause == "app_exit" and v.exit_code == 0:
+                continue
+            out += f"\npid {v.pid} ({v.comm}): {v.cause}, {v.confidence} confidence\n"
+            for ts, what in v.evidence:
+                out += f"  evidence {clock.rel(ts)}: {what}\n"
+            for d in v.disagreements:
+                out += f"  disagrees: {d}\n"
+            if v.advice:
+                out += f"  advice: {v.advice}\n"
+    return out

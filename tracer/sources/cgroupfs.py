@@ -1,0 +1,885 @@
+"""Cgroup filesystem knowledge: which hierarchy holds the memory controller, what a cgroup id
+names, which memory limit applies, and (for tests and the lab) throwaway child cgroups.
+
+This module owns every read of cgroupfs and of ``/proc/PID/cgroup`` / ``/proc/self/mountinfo``.
+It is split in three layers:
+
+* pure parsers (``parse_mountinfo``, ``parse_proc_cgroup``, ``parse_limit``,
+  ``parse_flat_keyed``, ``detect_layout``) that take text and return data, never touching the
+  filesystem, so the odd shapes of real hosts are tested from fixture text;
+* ``CgroupLayout`` / ``CgroupResolver``, which read the live hierarchy, rooted at injectable
+  paths (``proc_root``, the layout's mount points) so tests run them on trees in a tmp dir;
+* ``ChildCgroup``, a context manager that creates, limits, fills, and removes a child memory
+  cgroup (root only).
+
+Why inode numbers: the BPF side reports ``cgroup->kn->id``. On 64-bit kernels >= 5.5 that kernfs
+node id is also the inode number (``st_ino``) of the cgroup's directory, in every v1 hierarchy
+and in the v2 unified hierarchy alike, so a directory walk with ``stat`` maps ids to paths.
+Which hierarchy matters: on a hybrid host the ids whyrestart cares about are those of the v1
+*memory* hierarchy, on a pure v2 host those of the unified hierarchy.
+
+Readers are defensive: a missing or unreadable file (cgroups come and go while we look) yields
+``None`` / an empty result, never an exception. The exceptions that do escape are documented
+on the function that raises them (``UsageError`` for a cgroup path that does not exist,
+``PermissionProblem`` / ``KernelUnsupported`` from ``ChildCgroup``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import posixpath
+import re
+import signal
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Literal
+
+from tracer.errors import KernelUnsupported, PermissionProblem, UsageError
+from tracer.events import CgroupInfo
+
+__all__ = [
+    "CgroupLayout",
+    "CgroupResolver",
+    "ChildCgroup",
+    "LayoutMode",
+    "Mount",
+    "ProcCgroupLine",
+    "detect_layout",
+    "own_memory_cgroup",
+    "parse_flat_keyed",
+    "parse_limit",
+    "parse_mountinfo",
+    "parse_proc_cgroup",
+]
+
+LayoutMode = Literal["v1", "v2", "hybrid", "none"]
+
+# v1 prints "no limit" as PAGE_COUNTER_MAX pages in bytes: LONG_MAX rounded down to the page
+# size (9223372036854771712 with 4 KiB pages, 9223372036854710272 with 64 KiB pages). Any value
+# at or above 2**62 bytes (4 EiB) is no real limit, whatever the page size, so it means None.
+_UNLIMITED_MIN = 1 << 62
+
+# Super options of a v1 cgroup mount that are flags, not controllers (``name=...`` and other
+# ``key=value`` options are recognised by their "=").
+_V1_FLAG_OPTIONS = frozenset(
+    {
+        "rw",
+        "ro",
+        "none",
+        "seclabel",  # SELinux hosts (CentOS/RHEL) list it among the super options
+        "xattr",
+        "noprefix",
+        "clone_children",
+        "cpuset_v2_mode",
+        "favordynmods",
+        "nsdelegate",
+        "memory_localevents",
+        "memory_recursiveprot",
+        "memory_hugetlb_accounting",
+        "pids_localevents",
+    }
+)
+
+# Directories the resolver remembers. Old entries are kept on purpose (a cgroup that vanished is
+# still named by the trace), but a host that churns through pods must not grow us forever.
+DEFAULT_MAX_ENTRIES = 65536
+
+# The fixed path every distribution mounts cgroups under; preferred when a hierarchy is mounted
+# more than once (bind mounts into containers, tools' private mounts).
+_CANONICAL_PREFIX = "/sys/fs/cgroup"
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure parsers
+
+
+@dataclass(frozen=True, slots=True)
+class Mount:
+    """One line of ``/proc/PID/mountinfo`` (see proc(5))."""
+
+    mount_id: int
+    parent_id: int
+    root: str  # the directory of the filesystem this mount shows ("/docker/<id>" in a container)
+    mount_point: str
+    options: tuple[str, ...]  # per-mount options (rw, nosuid, relatime, ...)
+    fstype: str
+    source: str
+    super_options: tuple[str, ...]  # per-superblock options: for cgroup v1, the controllers
+
+    @property
+    def controllers(self) -> tuple[str, ...]:
+        """The v1 controllers bound to this hierarchy (``("cpu", "cpuacct")``); empty for v2
+        and for named hierarchies such as ``name=systemd``."""
+        if self.fstype != "cgroup":
+            return ()
+        return tuple(o for o in self.super_options if "=" not in o and o not in _V1_FLAG_OPTIONS)
+
+
+_OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")
+
+
+def _unescape_mount_field(field: str) -> str:
+    # The kernel writes space, tab, newline and backslash in paths as \040 \011 \012 \134.
+    return _OCTAL_ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), field)
+
+
+def parse_mountinfo(
+    text: str, fstypes: Collection[str] | None = ("cgroup", "cgroup2")
+) -> list[Mount]:
+    """Parse mountinfo text; keep only mounts whose fstype is in ``fstypes`` (all when None).
+
+    By default only cgroup v1 (``cgroup``) and v2 (``cgroup2``) mounts are returned, in file
+    order. Malformed lines are skipped.
+    """
+    mounts: list[Mount] = []
+    for line in text.splitlines():
+        fields = line.split()
+        # id parent maj:min root mount_point options [optional...] - fstype source super_options
+        try:
+            sep = fields.index("-", 6)
+        except ValueError:
+            continue
+        if len(fields) < sep + 3 or sep < 6:
+            continue
+        fstype = fields[sep + 1]
+        if fstypes is not None and fstype not in fstypes:
+            continue
+        try:
+            mount_id, parent_id = int(fields[0]), int(fields[1])
+        except ValueError:
+            continue
+        super_opts = fields[sep + 3] if len(fields) > sep + 3 else ""
+        mounts.append(
+            Mount(
+                mount_id=mount_id,
+                parent_id=parent_id,
+                root=_unescape_mount_field(fields[3]),
+                mount_point=_unescape_mount_field(fields[4]),
+                options=tuple(fields[5].split(",")),
+                fstype=fstype,
+                source=_unescape_mount_field(fields[sep + 2]),
+                super_options=tuple(o for o in super_opts.split(",") if o),
+            )
+        )
+    return mounts
+
+
+@dataclass(frozen=True, slots=True)
+class ProcCgroupLine:
+    """One line of ``/proc/PID/cgroup``: ``hierarchy-id:controllers:path``."""
+
+    hierarchy_id: int  # 0 for the v2 unified hierarchy
+    controllers: tuple[str, ...]  # ("cpu", "cpuacct"), ("name=systemd",), () for v2
+    path: str  # relative to the reader's cgroup namespace root, starts with "/"
+    deleted: bool = False  # v2 marks a removed cgroup with a " (deleted)" suffix
+
+
+_DELETED_SUFFIX = " (deleted)"
+
+
+def parse_proc_cgroup(text: str) -> list[ProcCgroupLine]:
+    """Parse ``/proc/PID/cgroup`` text. Malformed lines are skipped.
+
+    The path is everything after the second colon (a path may itself contain colons).
+    """
+    lines: list[ProcCgroupLine] = []
+    for raw in text.splitlines():
+        parts = raw.split(":", 2)
+        if len(parts) != 3:
+            continue
+        hid, ctrls, path = parts
+        try:
+            hierarchy_id = int(hid)
+        except ValueError:
+            continue
+        if not path.startswith("/"):
+            continue
+        deleted = path.endswith(_DELETED_SUFFIX)
+        if deleted:
+            path = path[: -len(_DELETED_SUFFIX)]
+        controllers = tuple(c for c in ctrls.split(",") if c)
+        lines.append(ProcCgroupLine(hierarchy_id, controllers, path, deleted))
+    return lines
+
+
+def parse_limit(text: str, version: int) -> int | None:
+    """A memory limit file's value in bytes, or None for "unlimited" or unreadable text.
+
+    ``version`` 1: ``memory.limit_in_bytes``, a number; the kernel's "no limit" is a value near
+    2**63 (page-size dependent), mapped to None. ``version`` 2: ``memory.max`` (or
+    ``memory.high``), a number or ``max``. Either version accepts the other's spelling, since
+    being lenient costs nothing here.
+    """
+    value = text.strip()
+    if value == "max":
+        return None
+    if version not in (1, 2):
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        return None
+    if n < 0 or n >= _UNLIMITED_MIN:
+        return None
+    return n
+
+
+def parse_flat_keyed(text: str) -> dict[str, int]:
+    """Parse "key value" lines (``memory.stat``, ``memory.events``, ``memory.oom_control``).
+
+    Lines that are not exactly a key and an integer are skipped; a repeated key keeps the last
+    value.
+    """
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) != 2:
+            continue
+        try:
+            out[parts[0]] = int(parts[1])
+        except ValueError:
+            continue
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Layout
+
+
+@dataclass(frozen=True, slots=True)
+class CgroupLayout:
+    """Where the cgroup hierarchies are mounted and which one holds the memory controller.
+
+    ``mode`` is "v1" (only v1 hierarchies with controllers), "v2" (only the unified hierarchy,
+    possibly beside controller-less named v1 hierarchies), "hybrid" (both), or "none" (no cgroup
+    mounts at all). ``memory_mount_root`` is the hierarchy directory the memory mount shows: "/"
+    on a host or with a cgroup namespace, "/docker/<id>" in an old-style container; paths in
+    ``/proc/PID/cgroup`` are relative to the hierarchy root, so it is stripped from them.
+    """
+
+    mode: LayoutMode
+    memory_root: str | None
+    memory_version: Literal[1, 2] | None
+    unified_root: str | None
+    memory_mount_root: str = "/"
+
+    @property
+    def hierarchy(self) -> str | None:
+        """The ``CgroupInfo.hierarchy`` name of the memory hierarchy: "memory" or "unified"."""
+        if self.memory_version == 1:
+            return "memory"
+        if self.memory_version == 2:
+            return "unified"
+        return None
+
+    @classmethod
+    def from_system(
+        cls, proc_root: str = "/proc", *, mountinfo_path: str | None = None
+    ) -> CgroupLayout:
+        """Detect the layout of this machine from ``<proc_root>/self/mountinfo`` and the
+        unified hierarchy's ``cgroup.controllers``. Unreadable mountinfo gives mode "none"."""
+        path = mountinfo_path or os.path.join(proc_root, "self", "mountinfo")
+        text = _read_text(path) or ""
+        return detect_layout(text, _read_controllers_file)
+
+
+def _read_controllers_file(mount_point: str) -> str | None:
+    return _read_text(os.path.join(mount_point, "cgroup.controllers"))
+
+
+def _pick(mounts: list[Mount]) -> Mount | None:
+    """The mount to use when a hierarchy is mounted several times: one that shows the whole
+    hierarchy (root "/") under /sys/fs/cgroup if any, else the first in mountinfo order."""
+    if not mounts:
+        return None
+    return min(
+        mounts,
+        key=lambda m: (m.root != "/", not _under(m.mount_point, _CANONICAL_PREFIX)),
+    )
+
+
+def _under(path: str, prefix: str) -> bool:
+    return path == prefix or path.startswith(prefix + "/")
+
+
+def detect_layout(
+    mountinfo_text: str, read_controllers: Callable[[str], str | None]
+) -> CgroupLayout:
+    """Decide the cgroup layout from mountinfo text.
+
+    ``read_controllers(mount_point)`` returns the text of ``<mount_point>/cgroup.controllers``
+    of the cgroup2 mount (or None when unreadable); it is consulted only when no v1 hierarchy
+    holds the memory controller, to see whether the unified hierarchy has it.
+    """
+    mounts = parse_mountinfo(mountinfo_text)
+    v1 = [m for m in mounts if m.fstype == "cgroup"]
+    v2 = [m for m in mounts if m.fstype == "cgroup2"]
+    v1_with_controllers = [m for m in v1 if m.controllers]
+
+    unified = _pick(v2)
+    mode: LayoutMode
+    if v1_with_controllers and unified is not None:
+        mode = "hybrid"
+    elif unified is not None:
+        mode = "v2"
+    elif v1:
+        mode = "v1"
+    else:
+        mode = "none"
+
+    unified_root = unified.mount_point if unified else None
+    memory_v1 = _pick([m for m in v1 if "memory" in m.controllers])
+    if memory_v1 is not None:
+        # A controller lives in one hierarchy only: bound to v1, it is absent from v2.
+        return CgroupLayout(mode, memory_v1.mount_point, 1, unified_root, memory_v1.root)
+    if unified is not None:
+        controllers = read_controllers(unified.mount_point)
+        if controllers is not None and "memory" in controllers.split():
+            return CgroupLayout(mode, unified.mount_point, 2, unified_root, unified.root)
+    return CgroupLayout(mode, None, None, unified_root)
+
+
+# ---------------------------------------------------------------------------------------------
+# Small I/O helpers (all failures → None)
+
+
+def _read_text(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except (OSError, ValueError):
+        return None
+
+
+def _norm(path: str) -> str:
+    """A cgroup path in canonical form: leading "/", no trailing "/", no "." or ".." parts.
+
+    Rooted normalisation cannot climb above "/", so a path never escapes the hierarchy root.
+    """
+    # posixpath keeps a leading "//" (POSIX lets it mean something else); cgroups do not.
+    return posixpath.normpath("/" + path.lstrip("/"))
+
+
+def _parse_pids(text: str | None) -> list[int]:
+    pids: list[int] = []
+    for line in (text or "").split():
+        with contextlib.suppress(ValueError):
+            pid = int(line)
+            # 0 is how cgroup.procs shows a process outside the reader's pid namespace.
+            if pid > 0:
+                pids.append(pid)
+    return pids
+
+
+# ---------------------------------------------------------------------------------------------
+# Resolver
+
+
+class CgroupResolver:
+    """Maps cgroup ids of the memory hierarchy to paths and back, and reads limits.
+
+    Paths are relative to the memory hierarchy's mount point and start with "/". Every id ever
+    seen is remembered (up to ``max_entries``, the oldest-seen evicted first) so a cgroup that
+    was removed after we first saw it is still named.
+    """
+
+    def __init__(
+        self,
+        layout: CgroupLayout,
+        proc_root: str = "/proc",
+        *,
+        max_entries: int = DEFAULT_MAX_ENTRIES,
+    ) -> None:
+        self.layout = layout
+        self.proc_root = proc_root
+        self.max_entries = max(1, max_entries)
+        self._paths: OrderedDict[int, str] = OrderedDict()
+        self._scans = 0
+
+    @property
+    def scan_count(self) -> int:
+        """How many full walks of the hierarchy have been made (for diagnostics and tests)."""
+        return self._scans
+
+    # -- ids and paths -------------------------------------------------------------------------
+
+    def _abs(self, path: str) -> str | None:
+        root = self.layout.memory_root
+        if root is None:
+            return None
+        rel = _norm(path)
+        return root if rel == "/" else root.rstrip("/") + rel
+
+    def _remember(self, cgroup_id: int, path: str) -> None:
+        # Re-seen entries move to the young end so "oldest" means "longest unseen".
+        self._paths[cgroup_id] = path
+        self._paths.move_to_end(cgroup_id)
+        while len(self._paths) > self.max_entries:
+            self._paths.popitem(last=False)
+
+    def rescan(self) -> None:
+        """Walk the whole memory hierarchy once, remembering every directory's inode."""
+        root = self.layout.memory_root
+        if root is None:
+            return
+        self._scans += 1
+        try:
+            root_ino = os.stat(root).st_ino
+        except OSError:
+            return
+        self._remember(root_ino, "/")
+        stack: list[tuple[str, str]] = [(root, "")]
+        while stack:
+            abs_dir, rel_dir = stack.pop()
+            try:
+                it = os.scandir(abs_dir)
+            except OSError:  # removed while we walk: fine, it is gone
+                continue
+            with it:
+                for entry in it:
+                    try:
+                        if not entry.is_dir(follow_symlinks=False):
+                            continue
+                        # stat, not entry.inode(): d_ino and st_ino can differ on stacked
+                        # filesystems, and st_ino is what the kernel id is defined to equal.
+                        ino = entry.stat(follow_symlinks=False).st_ino
+                    except OSError:
+                        continue
+                    rel = f"{rel_dir}/{entry.name}"
+                    self._remember(ino, rel)
+                    stack.append((entry.path, rel))
+
+    def path_of(self, cgroup_id: int) -> str | None:
+        """The path of ``cgroup_id`` (e.g. "/docker/abc"), or None if it is not known.
+
+        Answers from the cache; on a miss walks the hierarchy again, at most once per call.
+        """
+        path = self._paths.get(cgroup_id)
+        if path is not None:
+            return path
+        self.rescan()
+        return self._paths.get(cgroup_id)
+
+    def id_of(self, path: str) -> int:
+        """The cgroup id (directory inode) of ``path``.
+
+        ``path`` is relative to the memory hierarchy root ("/docker/abc"); a path that starts
+        with the mount point itself ("/sys/fs/cgroup/memory/docker/abc") is accepted too.
+
+        Raises:
+            UsageError: no memory hierarchy, or no such cgroup directory.
+        """
+        root = self.layout.memory_root
+        if root is None:
+            raise UsageError(
+                f"cgroup {path}: no cgroup hierarchy with the memory controller is mounted",
+                fix="mount the memory controller (cgroup v1 memory or cgroup2 with memory)",
+            )
+        rel = self._strip_mount_point(path)
+        abs_path = self._abs(rel)
+        assert abs_path is not None  # memory_root is set
+        try:
+            st = os.stat(abs_path)
+        except OSError:
+            st = None
+        if st is None or not os.path.isdir(abs_path):
+            raise UsageError(
+                f"cgroup {rel} not found ({abs_path})",
+                fix=f"does it exist? list with ls {root}",
+            )
+        self._remember(st.st_ino, _norm(rel))
+        return st.st_ino
+
+    def _strip_mount_point(self, path: str) -> str:
+        root = (self.layout.memory_root or "").rstrip("/")
+        if root and (path == root or path.startswith(root + "/")):
+            return _norm(path[len(root) :])
+        return _norm(path)
+
+    # -- limits --------------------------------------------------------------------------------
+
+    def limit_of(self, path: str) -> int | None:
+        """The memory limit set on ``path`` itself (v1 ``memory.limit_in_bytes``, v2
+        ``memory.max``); None when unlimited, when the cgroup is gone, or at the v2 root."""
+        version = self.layout.memory_version
+        abs_path = self._abs(path)
+        if abs_path is None or version is None:
+            return None
+        name = "memory.limit_in_bytes" if version == 1 else "memory.max"
+        text = _read_text(os.path.join(abs_path, name))
+        return None if text is None else parse_limit(text, version)
+
+    @staticmethod
+    def ancestors(path: str) -> list[str]:
+        """``"/a/b/c"`` → ``["/a/b/c", "/a/b", "/a", "/"]`` (pure; the path itself first)."""
+        p = _norm(path)
+        out = [p]
+        while p != "/":
+            p = posixpath.dirname(p)
+            out.append(p)
+        return out
+
+    def effective_limit(self, path: str) -> tuple[int | None, str | None]:
+        """The smallest memory limit among ``path`` and its ancestors, and the path setting it.
+
+        ``(None, None)`` when nothing on the way to the root is limited. On equal limits the
+        deepest cgroup is named. (v1's ``use_hierarchy=0`` would make parents' limits not apply;
+        kernels >= 5.16 always use hierarchy, and older hosts leave it on in practice.)
+        """
+        best: int | None = None
+        where: str | None = None
+        for p in self.ancestors(path):
+            limit = self.limit_of(p)
+            if limit is not None and (best is None or limit < best):
+                best, where = limit, p
+        return best, where
+
+    def info(self, cgroup_id: int, ts: int) -> CgroupInfo | None:
+        """A ``CgroupInfo`` event for ``cgroup_id`` stamped ``ts``, or None if the id is unknown.
+
+        ``limit_bytes`` is None when the cgroup has no limit of its own or is already gone.
+        """
+        hierarchy = self.layout.hierarchy
+        if hierarchy is None:
+            return None
+        path = self.path_of(cgroup_id)
+        if path is None:
+            return None
+        return CgroupInfo(
+            ts=ts,
+            cgroup_id=cgroup_id,
+            path=path,
+            hierarchy=hierarchy,
+            limit_bytes=self.limit_of(path),
+        )
+
+    # -- processes -----------------------------------------------------------------------------
+
+    def cgroup_of_pid(self, pid: int) -> str | None:
+        """The memory-hierarchy path of ``pid`` from ``<proc_root>/PID/cgroup``, or None.
+
+        v1: the line whose controllers include "memory"; v2: the ``0::`` line. None when the
+        process is gone, or sits outside the part of the hierarchy our mount shows.
+        """
+        return self._cgroup_of(str(pid))
+
+    def _cgroup_of(self, pid_dir: str) -> str | None:
+        text = _read_text(os.path.join(self.proc_root, pid_dir, "cgroup"))
+        if text is None:
+            return None
+        return _memory_path(parse_proc_cgroup(text), self.layout)
+
+    def procs(self, path: str) -> list[int]:
+        """The process ids in ``path``'s ``cgroup.procs`` ([] when gone or unreadable)."""
+        abs_path = self._abs(path)
+        if abs_path is None:
+            return []
+        return _parse_pids(_read_text(os.path.join(abs_path, "cgroup.procs")))
+
+
+def _memory_path(lines: list[ProcCgroupLine], layout: CgroupLayout) -> str | None:
+    if layout.memory_version == 1:
+        line = next((ln for ln in lines if "memory" in ln.controllers), None)
+    elif layout.memory_version == 2:
+        line = next((ln for ln in lines if ln.hierarchy_id == 0 and not ln.controllers), None)
+    else:
+        return None
+    if line is None:
+        return None
+    path = line.path
+    # A path starting "/.." lies outside our cgroup namespace: we cannot name it.
+    if path == "/.." or path.startswith("/../"):
+        return None
+    # Without a cgroup namespace a container's mount shows only its own subtree (mount root
+    # "/docker/<id>"), while /proc paths are from the hierarchy root: strip the mount root.
+    mount_root = _norm(layout.memory_mount_root)
+    path = _norm(path)
+    if mount_root != "/":
+        if path == mount_root:
+            return "/"
+        if not path.startswith(mount_root + "/"):
+            return None
+        path = path[len(mount_root) :]
+    return path
+
+
+def own_memory_cgroup(proc_root: str = "/proc", layout: CgroupLayout | None = None) -> str:
+    """This process's memory cgroup path, relative to the memory hierarchy's mount point.
+
+    Raises:
+        KernelUnsupported: no hierarchy has the memory controller.
+        UsageError: ``<proc_root>/self/cgroup`` does not name a memory cgroup we can see.
+    """
+    layout = layout or CgroupLayout.from_system(proc_root)
+    if layout.memory_version is None:
+        raise KernelUnsupported(
+            "no cgroup hierarchy with the memory controller is mounted",
+            fix="boot with the memory controller enabled (no cgroup_disable=memory)",
+        )
+    path = CgroupResolver(layout, proc_root)._cgroup_of("self")
+    if path is None:
+        raise UsageError(
+            f"cannot find this process's memory cgroup in {proc_root}/self/cgroup",
+            fix="run on the host or in a container with its cgroup filesystem mounted",
+        )
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# Child cgroups (root only)
+
+
+def _write(path: str, value: str) -> None:
+    """Write ``value`` with one write(2), as cgroupfs expects; errors become our exceptions."""
+    try:
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            os.write(fd, value.encode())
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise _os_error(f"write {value!r} to {path}", exc) from exc
+
+
+def _os_error(step: str, exc: OSError) -> UsageError | PermissionProblem:
+    reason = os.strerror(exc.errno) if exc.errno else str(exc)
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return PermissionProblem(
+            f"{step}: {reason}", fix="run as root with a writable cgroup filesystem"
+        )
+    return UsageError(f"{step}: {reason}")
+
+
+class ChildCgroup:
+    """A child memory cgroup that exists for the duration of a ``with`` block.
+
+    ``ChildCgroup(parent, name, limit_bytes)`` creates ``<parent>/<name>`` in the memory
+    hierarchy and sets its memory limit (v1 ``memory.limit_in_bytes``; v2 ``memory.max`` and,
+    when ``high_bytes`` is given, ``memory.high``). Children nest: create one with a
+    ``ChildCgroup``'s ``.path`` as the parent.
+
+    On cgroup v2 the parent must have "+memory" in ``cgroup.subtree_control`` for the child to
+    get memory files. If it is missing it is enabled (and left enabled afterwards: turning it
+    off could disturb siblings that rely on it). The kernel refuses that for a non-root parent
+    that has processes of its own ("no internal processes"), which is reported as a
+    ``UsageError``; use a parent without processes (e.g. the parent of your own cgroup).
+
+    On exit every process left in the child (and in any cgroup below it) gets SIGKILL, the
+    exit waits up to ``kill_timeout_s`` for them to leave, and the directories are removed
+    deepest first. If the calling process itself was moved in, it is moved back to the cgroup
+    it was in at entry instead of being killed.
+
+    Raises (on entry): ``KernelUnsupported`` without a memory hierarchy, ``PermissionProblem``
+    when not allowed to create or write, ``UsageError`` for a bad name, a missing parent, an
+    existing child, or a limit the kernel rejects. On exit, a cgroup that cannot be removed
+    raises ``UsageError`` unless the block is already raising.
+    """
+
+    def __init__(
+        self,
+        parent: str,
+        name: str,
+        limit_bytes: int | None = None,
+        *,
+        high_bytes: int | None = None,
+        layout: CgroupLayout | None = None,
+        proc_root: str = "/proc",
+        kill_timeout_s: float = 2.0,
+    ) -> None:
+        if not name or "/" in name or name in (".", "..") or "\0" in name:
+            raise UsageError(f"bad cgroup name {name!r}", fix="use a single path component")
+        self.parent = _norm(parent)
+        self.name = name
+        self.limit_bytes = limit_bytes
+        self.high_bytes = high_bytes
+        self._layout = layout
+        self.proc_root = proc_root
+        self.kill_timeout_s = kill_timeout_s
+        self.path = _norm(f"{self.parent}/{name}")
+        self._cgroup_id: int | None = None
+        self._resolver: CgroupResolver | None = None
+        self._home: str | None = None  # our own memory cgroup at entry
+
+    @property
+    def cgroup_id(self) -> int:
+        """The child's cgroup id (directory inode); available inside the ``with`` block."""
+        if self._cgroup_id is None:
+            raise RuntimeError("ChildCgroup.cgroup_id used outside its with block")
+        return self._cgroup_id
+
+    @property
+    def abs_path(self) -> str:
+        """The child's directory on the cgroup filesystem."""
+        resolver = self._require_resolver()
+        abs_path = resolver._abs(self.path)
+        assert abs_path is not None
+        return abs_path
+
+    def _require_resolver(self) -> CgroupResolver:
+        if self._resolver is None:
+            raise RuntimeError("ChildCgroup used outside its with block")
+        return self._resolver
+
+    def __enter__(self) -> ChildCgroup:
+        layout = self._layout or CgroupLayout.from_system(self.proc_root)
+        if layout.memory_root is None or layout.memory_version is None:
+            raise KernelUnsupported(
+                "no cgroup hierarchy with the memory controller is mounted",
+                fix="boot with the memory controller enabled (no cgroup_disable=memory)",
+            )
+        self._resolver = resolver = CgroupResolver(layout, self.proc_root)
+        self._home = resolver._cgroup_of("self")
+        parent_abs = resolver._abs(self.parent)
+        assert parent_abs is not None
+        if not os.path.isdir(parent_abs):
+            raise UsageError(
+                f"parent cgroup {self.parent} not found ({parent_abs})",
+                fix=f"does it exist? list with ls {layout.memory_root}",
+            )
+        if layout.memory_version == 2:
+            self._enable_memory_v2(parent_abs)
+        child_abs = self.abs_path
+        try:
+            os.mkdir(child_abs)
+        except FileExistsError as exc:
+            raise UsageError(
+                f"cgroup {self.path} already exists ({child_abs})",
+                fix=f"remove the leftover with rmdir {child_abs}, or choose another name",
+            ) from exc
+        except OSError as exc:
+            raise _os_error(f"mkdir {child_abs}", exc) from exc
+        try:
+            self._set_limits(child_abs, layout.memory_version)
+            self._cgroup_id = os.stat(child_abs).st_ino
+        except BaseException:
+            self._cleanup()
+            raise
+        return self
+
+    def _enable_memory_v2(self, parent_abs: str) -> None:
+        control = os.path.join(parent_abs, "cgroup.subtree_control")
+        if "memory" in (_read_text(control) or "").split():
+            return
+        try:
+            _write(control, "+memory")
+        except UsageError as exc:
+            raise UsageError(
+                f"cannot enable the memory controller for children of {self.parent}: {exc.message}",
+                fix="use a parent cgroup that has no processes of its own (v2 rule)",
+            ) from exc
+
+    def _set_limits(self, child_abs: str, version: int) -> None:
+        if version == 1:
+            if self.limit_bytes is not None:
+                _write(os.path.join(child_abs, "memory.limit_in_bytes"), str(self.limit_bytes))
+            return
+        if self.limit_bytes is not None:
+            _write(os.path.join(child_abs, "memory.max"), str(self.limit_bytes))
+        if self.high_bytes is not None:
+            _write(os.path.join(child_abs, "memory.high"), str(self.high_bytes))
+
+    def add_pid(self, pid: int) -> None:
+        """Move process ``pid`` (all its threads) into the child.
+
+        Raises:
+            UsageError: no such process, or the kernel refused the move.
+            PermissionProblem: not allowed to move it.
+        """
+        _write(os.path.join(self.abs_path, "cgroup.procs"), str(pid))
+
+    def procs(self) -> list[int]:
+        """The process ids now in the child (not counting cgroups below it)."""
+        return self._require_resolver().procs(self.path)
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        error = self._cleanup()
+        if error is not None and exc_type is None:
+            raise error
+
+    # -- teardown ------------------------------------------------------------------------------
+
+    def _subtree(self, child_abs: str) -> list[str]:
+        """The child's directory and every cgroup directory below it, deepest first."""
+        found: list[str] = []
+        stack = [child_abs]
+        while stack:
+            d = stack.pop()
+            found.append(d)
+            with contextlib.suppress(OSError), os.scandir(d) as it:
+                stack.extend(e.path for e in it if e.is_dir(follow_symlinks=False))
+        # Children are appended after their parent, so reversing puts every child first.
+        return found[::-1]
+
+    def _kill_all(self, dirs: list[str], deadline: float) -> None:
+        me = os.getpid()
+        inside = any(me in _parse_pids(_read_text(os.path.join(d, "cgroup.procs"))) for d in dirs)
+        # cgroup.kill (v2, Linux 5.14+) kills the whole subtree at once, so no fork escapes.
+        # Not used when we are inside ourselves; ignored where the file does not exist.
+        if self._layout_version() == 2 and not inside:
+            with contextlib.suppress(UsageError, PermissionProblem):
+                _write(os.path.join(dirs[-1], "cgroup.kill"), "1")
+        while True:
+            remaining = False
+            for d in dirs:
+                for pid in _parse_pids(_read_text(os.path.join(d, "cgroup.procs"))):
+                    remaining = True
+                    if pid == me:
+                        self._move_home(pid)
+                        continue
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(pid, signal.SIGKILL)
+            # Killed processes leave cgroup.procs when they exit (zombies are not listed).
+            if not remaining or time.monotonic() >= deadline:
+                return
+            time.sleep(0.02)
+
+    def _layout_version(self) -> int | None:
+        return self._resolver.layout.memory_version if self._resolver else None
+
+    def _move_home(self, pid: int) -> None:
+        resolver = self._require_resolver()
+        home = resolver._abs(self._home or "/")
+        if home is not None:
+            with contextlib.suppress(UsageError, PermissionProblem):
+                _write(os.path.join(home, "cgroup.procs"), str(pid))
+
+    def _cleanup(self) -> UsageError | None:
+        """Kill what is left and remove the directories; return the error instead of raising."""
+        if self._resolver is None:
+            return None
+        child_abs = self.abs_path
+        if not os.path.isdir(child_abs):
+            return None
+        deadline = time.monotonic() + self.kill_timeout_s
+        dirs = self._subtree(child_abs)
+        self._kill_all(dirs, deadline)
+        # rmdir can briefly fail with EBUSY while exiting tasks are still being uncharged.
+        rm_deadline = time.monotonic() + self.kill_timeout_s
+        for d in dirs:
+            while True:
+                try:
+                    os.rmdir(d)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError as exc:
+                    if exc.errno == errno.EBUSY and time.monotonic() < rm_deadline:
+                        time.sleep(0.02)
+                        continue
+                    left = _parse_pids(_read_text(os.path.join(d, "cgroup.procs")))
+                    return UsageError(
+                        f"cannot remove cgroup {d}: {os.strerror(exc.errno or 0)}"
+                        + (f" (processes left: {left})" if left else ""),
+                        fix=f"kill its processes and rmdir {d}",
+                    )
+        return None

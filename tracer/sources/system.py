@@ -1,0 +1,43 @@
+"""Facts about this machine the recorder and ``doctor`` need: BTF, tracefs, root, kernel log.
+
+Each check returns data (never prints), so ``doctor`` can show all of them and ``record`` can
+fail on the first one that matters.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+BTF_PATH = "/sys/kernel/btf/vmlinux"
+TRACEFS = "/sys/kernel/tracing"
+DEBUGFS_TRACING = "/sys/kernel/debug/tracing"
+
+
+def tracefs_events_dir() -> str | None:
+    """Where tracepoint ids can be read (libbpf looks in both places), or None."""
+    for d in (TRACEFS, DEBUGFS_TRACING):
+        if os.path.isdir(os.path.join(d, "events", "sched")):
+            return d
+    return None
+
+
+def ensure_tracefs() -> str | None:
+    """Mount tracefs if it is not mounted (classic tracepoint rungs need it); None if it can't
+    be mounted. tp_btf and raw_tp rungs work without it."""
+    found = tracefs_events_dir()
+    if found or os.geteuid() != 0 or not os.path.isdir(TRACEFS):
+        return found
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mount.argtypes = [ctypes.c_char_p] * 4 + [ctypes.c_void_p]
+    libc.mount(b"tracefs", TRACEFS.encode(), b"tracefs", 0, None)
+    return tracefs_events_dir()
+
+
+def libbpf_version() -> str | None:
+    try:
+        from tracer.bpf.libbpf import lib
+
+        return lib().version
+    except Exception:
+        return None
