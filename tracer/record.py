@@ -144,6 +144,7 @@ class Recorder:
         self.analyzer = Analyzer()
         self._named: set[int] = {0}
         self._known_pids: set[int] = set()
+        self._pids_alive: set[int] = set(targets.pids)
         self._watched_cgroup_paths: list[str] = []
 
     # -- set-up -----------------------------------------------------------------------------
@@ -354,7 +355,7 @@ class Recorder:
             and self.targets.pids
             and not self.targets.all
             and not self.targets.cgroups
-            and not any(psutil.pid_exists(p) for p in self.targets.pids)
+            and not self._pids_alive
         ):
             return "watched processes exited"
         return None
@@ -370,7 +371,10 @@ class Recorder:
 
     def _track(self, events: Sequence[Event]) -> None:
         for ev in events:
-            if isinstance(ev, Fork):
+            if isinstance(ev, Exit):
+                # the exit event, not the pid's absence: a zombie nobody reaps still "exists"
+                self._pids_alive.discard(ev.pid)
+            elif isinstance(ev, Fork):
                 self._known_pids.add(ev.child_pid)
             elif isinstance(ev, Exec):
                 self._known_pids.add(ev.pid)

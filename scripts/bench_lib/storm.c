@@ -1,0 +1,90 @@
+/* wr-storm: the fork/exit storm that scripts/bench runs (compiled at bench time with gcc).
+ *
+ *   wr-storm SECONDS [BATCH]
+ *
+ * In a loop until SECONDS have passed: fork BATCH children, each of which calls
+ * _exit(i & 0xff) at once (i counts every child ever forked), then reap all BATCH of them.
+ * Children never exec, so every exit the tracers see carries the comm "wr-storm".
+ * Prints one line of key=value pairs on stdout at the end:
+ *   pid=... exits=... wall_s=... exits_per_s=... start_ns=... end_ns=... bad_status=... fork_retries=...
+ * (start_ns/end_ns are CLOCK_BOOTTIME, the clock whyrestart's trace uses). bad_status counts
+ * children whose reaped status was not the expected exit code (should be 0).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static long long now_ns(clockid_t c) {
+	struct timespec ts;
+	clock_gettime(c, &ts);
+	return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+#define MAXBATCH 4096
+
+int main(int argc, char **argv) {
+	if (argc < 2) {
+		fprintf(stderr, "usage: %s SECONDS [BATCH]\n", argv[0]);
+		return 2;
+	}
+	double seconds = atof(argv[1]);
+	int batch = argc > 2 ? atoi(argv[2]) : 32;
+	if (batch < 1 || batch > MAXBATCH || seconds <= 0) {
+		fprintf(stderr, "wr-storm: bad arguments\n");
+		return 2;
+	}
+	static pid_t pids[MAXBATCH];
+	static int codes[MAXBATCH];
+	long long exits = 0, bad = 0, retries = 0;
+	unsigned long i = 0;
+	long long start_boot = now_ns(CLOCK_BOOTTIME);
+	long long start = now_ns(CLOCK_MONOTONIC);
+	long long limit = start + (long long)(seconds * 1e9);
+	while (now_ns(CLOCK_MONOTONIC) < limit) {
+		int n = 0;
+		while (n < batch) {
+			pid_t p = fork();
+			if (p == 0)
+				_exit((int)(i & 0xff));
+			if (p < 0) {
+				if (errno == EAGAIN && n > 0)
+					break; /* reap what we have, then go on */
+				if (errno == EAGAIN) {
+					retries++;
+					usleep(1000);
+					continue;
+				}
+				perror("wr-storm: fork");
+				return 1;
+			}
+			pids[n] = p;
+			codes[n] = (int)(i & 0xff);
+			n++;
+			i++;
+		}
+		for (int k = 0; k < n; k++) {
+			int st;
+			while (waitpid(pids[k], &st, 0) < 0) {
+				if (errno != EINTR) {
+					perror("wr-storm: waitpid");
+					return 1;
+				}
+			}
+			if (!WIFEXITED(st) || WEXITSTATUS(st) != codes[k])
+				bad++;
+			exits++;
+		}
+	}
+	long long end = now_ns(CLOCK_MONOTONIC);
+	long long end_boot = now_ns(CLOCK_BOOTTIME);
+	double wall = (end - start) / 1e9;
+	printf("pid=%d exits=%lld wall_s=%.6f exits_per_s=%.1f start_ns=%lld end_ns=%lld "
+	       "bad_status=%lld fork_retries=%lld batch=%d\n",
+	       (int)getpid(), exits, wall, exits / wall, start_boot, end_boot, bad, retries, batch);
+	return 0;
+}

@@ -1,0 +1,188 @@
+"""Tier 3 (root, real kernel): real OOM kills, exits and signals recorded and judged.
+
+Every memory test runs under a child memory cgroup limit (never the host). Each test watches
+only its own command's processes and asserts exact counts.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tracer.events import Exec, Exit, KmsgOom, OomKill, Signal
+from tracer.record import Recorder, RecordResult, Targets
+from tracer.sources.cgroupfs import CgroupLayout, ChildCgroup, own_memory_cgroup
+from tracer.trace.reader import read_trace
+
+pytestmark = pytest.mark.root
+
+MiB = 1024 * 1024
+HOG = "chunks = []\nwhile True:\n    chunks.append(b'x' * (1 << 20))\n"
+
+
+@pytest.fixture(scope="module")
+def layout() -> CgroupLayout:
+    lay = CgroupLayout.from_system()
+    if lay.memory_root is None:
+        pytest.skip("no memory cgroup controller mounted")
+    return lay
+
+
+@pytest.fixture
+def parent_cgroup(layout: CgroupLayout) -> Iterator[str]:
+    yield own_memory_cgroup(layout=layout)
+
+
+def record(tmp_path: Path, argv: list[str], name: str = "t.trace") -> RecordResult:
+    return Recorder(str(tmp_path / name), Targets(command=argv), duration=60).run()
+
+
+def in_cgroup(cg: ChildCgroup, *argv: str) -> list[str]:
+    """A command line that moves itself into the cgroup, then execs argv."""
+    procs = os.path.join(cg.abs_path, "cgroup.procs")
+    return ["sh", "-c", f'echo $$ > {procs} && exec "$@"', "sh", *argv]
+
+
+def events_of(path: str) -> list[object]:
+    return list(read_trace(path).events)
+
+
+def test_cgroup_oom_in_a_child_cgroup(
+    tmp_path: Path, parent_cgroup: str, layout: CgroupLayout
+) -> None:
+    with ChildCgroup(parent_cgroup, f"wr-test-oom-{os.getpid()}", 64 * MiB, layout=layout) as cg:
+        res = record(tmp_path, in_cgroup(cg, sys.executable, "-c", HOG))
+        path = cg.path
+    events = events_of(res.path)
+    ooms = [e for e in events if isinstance(e, OomKill)]
+    exits = [e for e in events if isinstance(e, Exit)]
+    kmsgs = [e for e in events if isinstance(e, KmsgOom)]
+    assert len(exits) == 1, exits
+    hog = exits[0]
+    assert hog.wait.signal == signal.SIGKILL
+    assert len(ooms) == 1
+    oom = ooms[0]
+    assert (oom.victim_pid, oom.memcg, oom.limit_bytes) == (hog.pid, True, 64 * MiB)
+    assert oom.usage_bytes > 60 * MiB
+    # the kernel log, read independently, agrees on the victim and the cgroup
+    assert [(k.victim_pid, k.memcg, k.oom_memcg) for k in kmsgs] == [(hog.pid, True, path)]
+    [v] = res.verdicts
+    assert (v.pid, v.cause, v.limit_cgroup, v.limit_bytes) == (
+        hog.pid,
+        "cgroup_oom",
+        path,
+        64 * MiB,
+    )
+    assert v.confidence == "high"
+    # the OOM killer's own SIGKILL is evidence of the OOM, not a second cause
+    kills = [e for e in events if isinstance(e, Signal) and e.sig == signal.SIGKILL]
+    assert len(kills) == 1 and kills[0].target_pid == hog.pid
+    assert res.lost == 0
+
+
+def test_limit_on_the_parent_is_named(
+    tmp_path: Path, parent_cgroup: str, layout: CgroupLayout
+) -> None:
+    with ChildCgroup(
+        parent_cgroup, f"wr-test-parent-{os.getpid()}", 64 * MiB, layout=layout
+    ) as outer:
+        with ChildCgroup(outer.path, "child", 256 * MiB, layout=layout) as inner:
+            res = record(tmp_path, in_cgroup(inner, sys.executable, "-c", HOG))
+            inner_path = inner.path
+        outer_path = outer.path
+    [v] = res.verdicts
+    assert v.cause == "cgroup_oom"
+    assert v.limit_cgroup == outer_path != inner_path
+    assert v.limit_bytes == 64 * MiB
+    [oom] = [e for e in events_of(res.path) if isinstance(e, OomKill)]
+    assert oom.victim_cgroup_id != oom.limit_cgroup_id
+
+
+def test_exit_code(tmp_path: Path) -> None:
+    res = record(tmp_path, ["sh", "-c", "exit 23"])
+    [v] = res.verdicts
+    assert (v.cause, v.exit_code, v.comm) == ("app_exit", 23, "sh")
+    assert res.command_status == 23
+
+
+def test_sigterm_from_another_process_names_the_sender(tmp_path: Path) -> None:
+    script = "sleep 30 & s=$!; /bin/kill -TERM $s; wait $s; exit 0"
+    res = record(tmp_path, ["sh", "-c", script])
+    events = events_of(res.path)
+    [killer] = [
+        e
+        for e in events
+        if (isinstance(e, Exec) and e.filename == "/bin/kill")
+        or (isinstance(e, Exec) and e.filename.endswith("/kill"))
+    ]
+    by_comm = {v.comm: v for v in res.verdicts}
+    assert set(by_comm) == {"sh", "sleep", "kill"}
+    v = by_comm["sleep"]
+    assert (v.cause, v.signal, v.sender_pid, v.sender_comm) == (
+        "signal_kill",
+        "SIGTERM",
+        killer.pid,
+        "kill",
+    )
+    assert by_comm["sh"].exit_code == 0 and by_comm["kill"].exit_code == 0
+
+
+def test_descendants_are_watched_and_strangers_are_not(tmp_path: Path) -> None:
+    stranger = subprocess.Popen(["sh", "-c", "sleep 0.3; exit 5"])
+    try:
+        res = record(tmp_path, ["sh", "-c", "sh -c 'exit 7'; sleep 0.6; exit 0"])
+    finally:
+        stranger.wait()
+    pids = {v.pid for v in res.verdicts}
+    assert stranger.pid not in pids
+    assert sorted(v.exit_code or 0 for v in res.verdicts) == [0, 0, 7]
+
+
+def test_cgroup_target(tmp_path: Path, parent_cgroup: str, layout: CgroupLayout) -> None:
+    with ChildCgroup(parent_cgroup, f"wr-test-target-{os.getpid()}", None, layout=layout) as cg:
+        inside = subprocess.Popen(in_cgroup(cg, "sh", "-c", "sleep 0.5; exit 4"))
+        outside = subprocess.Popen(["sh", "-c", "sleep 0.5; exit 6"])
+        rec = Recorder(str(tmp_path / "cg.trace"), Targets(cgroups=[cg.path]), duration=1.5)
+        res = rec.run()
+        inside.wait()
+        outside.wait()
+    codes = {v.pid: (v.comm, v.exit_code) for v in res.verdicts}
+    # the shell inside and its sleep; nothing from the shell outside
+    assert codes.pop(inside.pid) == ("sh", 4)
+    assert list(codes.values()) == [("sleep", 0)]
+    assert outside.pid not in codes
+
+
+def test_pid_target_stops_when_it_exits(tmp_path: Path) -> None:
+    proc = subprocess.Popen(["sh", "-c", "sleep 0.5; exit 9"])
+    res = Recorder(str(tmp_path / "pid.trace"), Targets(pids=[proc.pid]), duration=30).run()
+    proc.wait()
+    assert res.reason == "watched processes exited"
+    assert [(v.pid, v.exit_code) for v in res.verdicts] == [(proc.pid, 9)]
+
+
+def test_live_equals_replay(tmp_path: Path, parent_cgroup: str) -> None:
+    """The verdicts `record` prints equal those of replaying its file, byte for byte."""
+    trace = str(tmp_path / "live.trace")
+    wr = [sys.executable, "-m", "tracer.cli"]
+    live = subprocess.run(
+        [*wr, "record", "-q", "-o", trace, "--", sys.executable, "-m", "tracer.demo"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    replayed = subprocess.run(
+        [*wr, "replay", "--verdicts-only", trace], capture_output=True, text=True, check=True
+    )
+    assert "cgroup_oom" in live.stdout and "signal_kill" in live.stdout
+    assert live.stdout == replayed.stdout
+    live_json = subprocess.run(
+        [*wr, "replay", "--json", trace], capture_output=True, text=True, check=True
+    )
+    assert '"cause": "cgroup_oom"' in live_json.stdout
