@@ -18,6 +18,15 @@ enum wr_event_type {
 	WR_EV_OOM = 3,
 	WR_EV_FORK = 4,
 	WR_EV_EXEC = 5,
+	WR_EV_STALL = 6,
+};
+
+/* What stalled a task: reclaim for a memory cgroup at its limit, host-wide direct reclaim, or
+ * the cgroup v2 memory.high penalty (throttling). */
+enum wr_stall_kind {
+	WR_STALL_MEMCG = 1,
+	WR_STALL_DIRECT = 2,
+	WR_STALL_HIGH = 3,
 };
 
 /* Which program produced a record: the rung of its hook's fallback ladder. */
@@ -88,12 +97,37 @@ struct wr_exec {
 	char filename[WR_FILENAME_LEN];
 };
 
+/* One stall longer than cfg.stall_threshold_ns. The header names the stalled task. */
+struct wr_stall {
+	struct wr_hdr h;
+	__u64 memcg_id;        /* the cgroup being reclaimed / over memory.high (0: host) */
+	__u64 duration_ns;
+	__u64 reclaimed_pages; /* 0 for memory.high throttling */
+	__u32 kind;            /* enum wr_stall_kind */
+	__u32 _pad;
+};
+
+/* Per-cgroup aggregation of every stall (map reclaim_stats), drained by user space. */
+struct wr_reclaim_key {
+	__u64 cgroup_id;
+	__u32 kind;
+	__u32 _pad;
+};
+
+struct wr_reclaim_stats {
+	__u64 count;
+	__u64 total_ns;
+	__u64 max_ns;
+	__u64 reclaimed_pages;
+};
+
 /* Set by user space in .rodata before load (const volatile), read-only afterwards. */
 struct wr_config {
 	__u32 filter_all;  /* 1: every process; 0: only watched pids and cgroups */
 	__u32 memcg_v1;    /* 1: cgroup ids come from the v1 memory hierarchy; 0: from cgroup v2 */
 	__u32 self_tgid;   /* the tracer itself: never reported */
 	__u32 watch_cgroups; /* 1: watched_cgroups holds ids; walk each task's ancestors */
+	__u64 stall_threshold_ns; /* stalls at least this long are sent one by one */
 };
 
 #endif /* WHYRESTART_EVENTS_H */

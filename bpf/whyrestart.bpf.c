@@ -33,6 +33,9 @@ struct wr_btf_anchor {
 	struct wr_oom oom;
 	struct wr_fork fork;
 	struct wr_exec exec;
+	struct wr_stall stall;
+	struct wr_reclaim_key reclaim_key;
+	struct wr_reclaim_stats reclaim_stats;
 };
 struct wr_btf_anchor wr_btf_anchor __attribute__((used));
 
@@ -315,10 +318,11 @@ int signal_tp(struct trace_event_raw_signal_generate *ctx)
  * victim, memory.oom.group members included (oom_kill_process runs once per OOM and would miss
  * them).
  *
- * Without oc, the limit is found by walking the memory cgroups from the victim (tp_btf rung,
- * mark_victim(task, uid) since 6.8's commit 72ba14deb40a "mm: update mark_victim tracepoints
- * fields") or from the OOM-ing current task (classic tracepoint, which carries only the victim's
- * pid on older kernels) up to the root, and picking the limited one with the least headroom.
+ * Without oc, the limit is found by walking the memory cgroups from the victim (tp_btf rung: the
+ * tracepoint's prototype is mark_victim(task, uid) on recent kernels such as 6.18, while 6.1's
+ * is mark_victim(int pid), which the verifier then refuses and the next rung takes over) or
+ * from the OOM-ing current task (classic tracepoint, whose record names the victim only by pid)
+ * up to the root, and picking the limited one with the least headroom.
  */
 
 static __always_inline void note_oc(struct oom_control *oc, __u32 rung)
@@ -355,27 +359,56 @@ static __always_inline bool at_limit(__u64 usage, __u64 max)
 	return headroom <= 1024 || headroom * 64 <= max;
 }
 
-static __always_inline void find_limit(struct mem_cgroup *memcg, struct wr_oom *e)
-{
-	__u64 best = ~0ULL;
+struct limited {
+	__u64 id;
+	__u64 max;
+	__u64 usage;
+};
 
+/* The memory cgroup with the least headroom under its max (want_high == 0) or the one furthest
+ * over its memory.high (want_high == 1), walking from memcg up to the root. */
+static __always_inline void find_limited(struct mem_cgroup *memcg, struct limited *out,
+					 int want_high)
+{
+	__s64 best = 0x7fffffffffffffffLL;
+
+	out->id = 0;
+	out->max = 0;
+	out->usage = 0;
 	for (int i = 0; i < MAX_CGROUP_DEPTH && memcg; i++) {
-		__u64 max = BPF_CORE_READ(memcg, memory.max);
+		__u64 max = UNLIMITED_PAGES;
+
+		/* page_counter.high exists since 5.8; older kernels kept it elsewhere */
+		if (!want_high)
+			max = BPF_CORE_READ(memcg, memory.max);
+		else if (bpf_core_field_exists(memcg->memory.high))
+			max = BPF_CORE_READ(memcg, memory.high);
 		__u64 usage = BPF_CORE_READ(memcg, memory.usage.counter);
 
 		if (max < UNLIMITED_PAGES) {
-			__u64 headroom = max > usage ? max - usage : 0;
+			/* "headroom" goes negative over memory.high: compare as signed */
+			__s64 headroom = (__s64)max - (__s64)usage;
 
 			if (headroom < best) {
 				best = headroom;
-				e->limit_cgroup_id = memcg_id(memcg);
-				e->limit_pages = max;
-				e->usage_pages = usage;
+				out->id = memcg_id(memcg);
+				out->max = max;
+				out->usage = usage;
 			}
 		}
 		memcg = (struct mem_cgroup *)BPF_CORE_READ(memcg, css.parent);
 	}
-	e->memcg = e->limit_cgroup_id && at_limit(e->usage_pages, e->limit_pages);
+}
+
+static __always_inline void find_limit(struct mem_cgroup *memcg, struct wr_oom *e)
+{
+	struct limited lim;
+
+	find_limited(memcg, &lim, 0);
+	e->limit_cgroup_id = lim.id;
+	e->limit_pages = lim.max;
+	e->usage_pages = lim.usage;
+	e->memcg = lim.id && at_limit(lim.usage, lim.max);
 }
 
 static __always_inline int handle_victim(struct task_struct *victim, __u32 victim_pid,
@@ -511,4 +544,253 @@ SEC("raw_tp/sched_process_exec")
 int BPF_PROG(exec_raw, struct task_struct *task, pid_t old_pid, struct linux_binprm *bprm)
 {
 	return handle_exec(task, bprm, WR_RUNG_TRACEPOINT);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Memory pressure: reclaim stalls and memory.high throttling of watched tasks.
+ *
+ * A begin hook stores (start time, cgroup being reclaimed, kind) per thread; the matching end
+ * hook adds the duration to a per-(cgroup, kind) aggregate that user space drains once a second,
+ * and sends a record only for a stall of at least cfg.stall_threshold_ns: a reclaim storm costs
+ * map updates, not ring-buffer traffic.
+ *
+ * Which cgroup is being reclaimed: the best rung (fentry/kprobe on
+ * try_to_free_mem_cgroup_pages) gets it as the first argument. The vmscan tracepoints carry no
+ * cgroup on kernels before the memcg-aware tracepoint format (6.18 here has none), so the
+ * fallback walks the stalled task's memory cgroups for the one at its limit: the charge path
+ * reclaims exactly that one (try_charge -> mem_over_limit). Host direct reclaim is charged to
+ * cgroup 0.
+ */
+
+struct reclaim_start {
+	__u64 ts_ns;
+	__u64 memcg_id;
+	__u32 kind;
+	__u32 rung;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32);
+	__type(value, struct reclaim_start);
+} reclaim_starts SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct wr_reclaim_key);
+	__type(value, struct wr_reclaim_stats);
+} reclaim_stats SEC(".maps");
+
+/* [0] kswapd wake-ups, [1] aggregate updates that found reclaim_stats full */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 2);
+	__type(key, __u32);
+	__type(value, __u64);
+} pressure_counters SEC(".maps");
+
+static __always_inline void bump_counter(__u32 idx)
+{
+	__u64 *n = bpf_map_lookup_elem(&pressure_counters, &idx);
+
+	if (n)
+		__sync_fetch_and_add(n, 1);
+}
+
+static __always_inline int stall_begin(__u32 kind, struct mem_cgroup *memcg, __u16 rung)
+{
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+	__u32 tgid = BPF_CORE_READ(task, tgid);
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	struct reclaim_start st = {};
+
+	if (tgid == cfg.self_tgid || !is_watched(task, tgid))
+		return 0;
+	st.ts_ns = bpf_ktime_get_boot_ns();
+	st.kind = kind;
+	st.rung = rung;
+	if (memcg) {
+		st.memcg_id = memcg_id(memcg);
+	} else if (kind != WR_STALL_DIRECT) {
+		struct limited lim;
+
+		find_limited(task_memcg(task), &lim, kind == WR_STALL_HIGH);
+		st.memcg_id = lim.id;
+	}
+	bpf_map_update_elem(&reclaim_starts, &tid, &st, BPF_ANY);
+	return 0;
+}
+
+static __always_inline int stall_end(__u64 reclaimed_pages)
+{
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	struct reclaim_start *st = bpf_map_lookup_elem(&reclaim_starts, &tid);
+	struct wr_reclaim_key key = {};
+	struct wr_reclaim_stats *agg, zero = {};
+	struct wr_stall *e;
+	__u64 now, dur;
+
+	if (!st)
+		return 0;
+	now = bpf_ktime_get_boot_ns();
+	dur = now - st->ts_ns;
+	key.cgroup_id = st->memcg_id;
+	key.kind = st->kind;
+
+	agg = bpf_map_lookup_elem(&reclaim_stats, &key);
+	if (!agg) {
+		if (bpf_map_update_elem(&reclaim_stats, &key, &zero, BPF_NOEXIST) == -7 /* E2BIG */)
+			bump_counter(1);
+		agg = bpf_map_lookup_elem(&reclaim_stats, &key);
+	}
+	if (agg) {
+		__sync_fetch_and_add(&agg->count, 1);
+		__sync_fetch_and_add(&agg->total_ns, dur);
+		__sync_fetch_and_add(&agg->reclaimed_pages, reclaimed_pages);
+		if (dur > agg->max_ns)
+			agg->max_ns = dur; /* racy max: good enough for a summary */
+	}
+
+	if (dur >= cfg.stall_threshold_ns) {
+		e = reserve(sizeof(*e));
+		if (e) {
+			fill_hdr(&e->h, WR_EV_STALL, sizeof(*e), st->rung, task);
+			e->memcg_id = st->memcg_id;
+			e->duration_ns = dur;
+			e->reclaimed_pages = reclaimed_pages;
+			e->kind = st->kind;
+			e->_pad = 0;
+			bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+		}
+	}
+	bpf_map_delete_elem(&reclaim_starts, &tid);
+	return 0;
+}
+
+/* memcg reclaim: best rungs name the memcg (first argument of try_to_free_mem_cgroup_pages). */
+SEC("fentry/try_to_free_mem_cgroup_pages")
+int BPF_PROG(memcg_reclaim_fentry, struct mem_cgroup *memcg)
+{
+	return stall_begin(WR_STALL_MEMCG, memcg, WR_RUNG_FENTRY);
+}
+
+/* The return value is read with bpf_get_func_ret() (5.17+): its position in ctx depends on the
+ * function's argument count, which changed across kernel versions. */
+SEC("fexit/try_to_free_mem_cgroup_pages")
+int BPF_PROG(memcg_reclaim_fexit)
+{
+	__u64 ret = 0;
+
+	bpf_get_func_ret(ctx, &ret);
+	return stall_end(ret);
+}
+
+SEC("kprobe/try_to_free_mem_cgroup_pages")
+int BPF_KPROBE(memcg_reclaim_kprobe, struct mem_cgroup *memcg)
+{
+	return stall_begin(WR_STALL_MEMCG, memcg, WR_RUNG_KPROBE);
+}
+
+SEC("kretprobe/try_to_free_mem_cgroup_pages")
+int BPF_KRETPROBE(memcg_reclaim_kretprobe, unsigned long ret)
+{
+	return stall_end(ret);
+}
+
+SEC("tp_btf/mm_vmscan_memcg_reclaim_begin")
+int BPF_PROG(memcg_reclaim_begin_btf)
+{
+	return stall_begin(WR_STALL_MEMCG, NULL, WR_RUNG_TP_BTF);
+}
+
+SEC("tp_btf/mm_vmscan_memcg_reclaim_end")
+int BPF_PROG(memcg_reclaim_end_btf, unsigned long nr_reclaimed)
+{
+	return stall_end(nr_reclaimed);
+}
+
+SEC("tracepoint/vmscan/mm_vmscan_memcg_reclaim_begin")
+int memcg_reclaim_begin_tp(void *ctx)
+{
+	return stall_begin(WR_STALL_MEMCG, NULL, WR_RUNG_TRACEPOINT);
+}
+
+SEC("tracepoint/vmscan/mm_vmscan_memcg_reclaim_end")
+int memcg_reclaim_end_tp(struct trace_event_raw_mm_vmscan_direct_reclaim_end_template *ctx)
+{
+	return stall_end(ctx->nr_reclaimed);
+}
+
+/* Host-wide direct reclaim (try_to_free_pages): the host, not a cgroup, ran short. */
+SEC("tp_btf/mm_vmscan_direct_reclaim_begin")
+int BPF_PROG(direct_reclaim_begin_btf)
+{
+	return stall_begin(WR_STALL_DIRECT, NULL, WR_RUNG_TP_BTF);
+}
+
+SEC("tp_btf/mm_vmscan_direct_reclaim_end")
+int BPF_PROG(direct_reclaim_end_btf, unsigned long nr_reclaimed)
+{
+	return stall_end(nr_reclaimed);
+}
+
+SEC("tracepoint/vmscan/mm_vmscan_direct_reclaim_begin")
+int direct_reclaim_begin_tp(void *ctx)
+{
+	return stall_begin(WR_STALL_DIRECT, NULL, WR_RUNG_TRACEPOINT);
+}
+
+SEC("tracepoint/vmscan/mm_vmscan_direct_reclaim_end")
+int direct_reclaim_end_tp(struct trace_event_raw_mm_vmscan_direct_reclaim_end_template *ctx)
+{
+	return stall_end(ctx->nr_reclaimed);
+}
+
+/* kswapd wake-ups: background reclaim started somewhere on the host. Counted, never sent. */
+SEC("tp_btf/mm_vmscan_wakeup_kswapd")
+int BPF_PROG(kswapd_wakeup_btf)
+{
+	bump_counter(0);
+	return 0;
+}
+
+SEC("tracepoint/vmscan/mm_vmscan_wakeup_kswapd")
+int kswapd_wakeup_tp(void *ctx)
+{
+	bump_counter(0);
+	return 0;
+}
+
+/* memory.high throttling (cgroup v2): the penalty sleep runs in the over-high handler on the
+ * way back to user space. It is __mem_cgroup_handle_over_high() on kernels where the fast-path
+ * check became an inline wrapper in include/linux/memcontrol.h (6.18 here), and
+ * mem_cgroup_handle_over_high() before; user space resolves which one exists from kallsyms and
+ * points these programs at it (bpf_program__set_attach_target / attach_kprobe). No tracepoint
+ * covers it: without fentry or kprobes the fallback is memory.events "high" deltas and
+ * memory.pressure, sampled from cgroupfs. */
+SEC("fentry/__mem_cgroup_handle_over_high")
+int BPF_PROG(high_fentry)
+{
+	return stall_begin(WR_STALL_HIGH, NULL, WR_RUNG_FENTRY);
+}
+
+SEC("fexit/__mem_cgroup_handle_over_high")
+int BPF_PROG(high_fexit)
+{
+	return stall_end(0);
+}
+
+SEC("kprobe")
+int BPF_KPROBE(high_kprobe)
+{
+	return stall_begin(WR_STALL_HIGH, NULL, WR_RUNG_KPROBE);
+}
+
+SEC("kretprobe")
+int BPF_KRETPROBE(high_kretprobe)
+{
+	return stall_end(0);
 }

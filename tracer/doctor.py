@@ -18,6 +18,14 @@ from tracer.errors import WhyrestartError
 from tracer.sources import system
 from tracer.sources.cgroupfs import CgroupLayout
 
+HOOK_FIXES = {
+    "oom_context": "optional: OOM kills are still seen by mark_victim, and the limiting cgroup "
+    "is found by walking the victim's cgroups; a kernel with kprobes or BPF trampolines names "
+    "it directly",
+    "memory_high": "optional: on cgroup v2, memory.high throttling is then read from "
+    "memory.events and memory.pressure; cgroup v1 has no memory.high",
+}
+
 
 @dataclass(frozen=True)
 class Check:
@@ -130,7 +138,7 @@ def run_checks() -> tuple[list[Check], dict[str, Any]]:
                         (f"{rung}" + (f" (better rungs failed: {fails})" if fails else ""))
                         if rung
                         else f"no rung attached: {fails}",
-                        "" if rung else "see the reasons above",
+                        "" if rung else HOOK_FIXES.get(hook, "see the reasons above"),
                         required=not optional,
                     )
                 )

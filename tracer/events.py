@@ -202,8 +202,134 @@ class Lost(Event):
     count: int  # newly lost since the previous Lost event
 
 
+# ---------------------------------------------------------------------------------------------
+# Memory pressure: reclaim and throttling (BPF), and samples (cgroupfs, /proc)
+
+
+@dataclass(frozen=True, slots=True)
+class ReclaimStall(Event):
+    """One long stall of a watched task: memcg reclaim, host direct reclaim, or memory.high
+    throttling (``kind``: "memcg", "direct", "high"). Shorter ones only count in summaries."""
+
+    KIND: ClassVar[str] = "stall"
+    pid: int  # tgid of the stalled task
+    comm: str
+    cgroup_id: int  # the memory cgroup being reclaimed/throttled (at or over its limit)
+    task_cgroup_id: int  # the stalled task's own memory cgroup
+    kind: str
+    duration_ns: int
+    reclaimed_bytes: int  # 0 for throttling
+    rung: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReclaimSummary(Event):
+    """Reclaim/throttling aggregated in the kernel per cgroup over one interval.
+
+    ``kind`` "kswapd" counts kswapd wake-ups on the host (``cgroup_id`` 0, durations 0).
+    """
+
+    KIND: ClassVar[str] = "reclaim"
+    cgroup_id: int
+    kind: str
+    count: int
+    total_ns: int
+    max_ns: int
+    reclaimed_bytes: int
+    interval_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class CgroupSample(Event):
+    """One reading of a memory cgroup's files. ``None``: the file or field is absent here
+    (a v1 host has no memory.high; old kernels lack some memory.stat keys)."""
+
+    KIND: ClassVar[str] = "cg_sample"
+    cgroup_id: int
+    path: str
+    usage_bytes: int | None  # v2 memory.current / v1 memory.usage_in_bytes
+    limit_bytes: int | None  # v2 memory.max / v1 memory.limit_in_bytes (None = unlimited)
+    high_bytes: int | None  # v2 memory.high
+    peak_bytes: int | None  # v2 memory.peak / v1 memory.max_usage_in_bytes
+    failcnt: int | None  # v1 memory.failcnt
+    events: dict[str, int]  # v2 memory.events; v1: oom_kill and under_oom from oom_control
+    stat: dict[str, int]  # selected memory.stat keys, bytes: anon, file, shmem, file_mapped...
+    psi_some_avg10: float | None  # memory.pressure (v2)
+    psi_full_avg10: float | None
+    psi_some_total_us: int | None
+    psi_full_total_us: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class EffectiveLimit(Event):
+    """The smallest memory limit over a watched cgroup and its ancestors, and who sets it.
+
+    Written at start and whenever it changes."""
+
+    KIND: ClassVar[str] = "eff_limit"
+    cgroup_id: int
+    path: str
+    limit_bytes: int | None  # None: no limit anywhere up to the root
+    set_by: str | None  # the path of the cgroup whose limit it is
+
+
+@dataclass(frozen=True, slots=True)
+class HostSample(Event):
+    """/proc/meminfo and /proc/pressure/memory: what "the host says memory is free" means."""
+
+    KIND: ClassVar[str] = "host_sample"
+    mem_total: int
+    mem_available: int | None
+    mem_free: int
+    cached: int | None
+    swap_free: int | None
+    psi_some_avg10: float | None
+    psi_full_avg10: float | None
+    psi_some_total_us: int | None
+    psi_full_total_us: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessSample(Event):
+    """A watched process's resident memory split (from /proc/PID/status), bytes."""
+
+    KIND: ClassVar[str] = "proc_sample"
+    pid: int
+    rss_anon: int | None
+    rss_file: int | None  # file-backed resident pages, i.e. mapped files
+    rss_shmem: int | None
+    vm_swap: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class SampleError(Event):
+    """A sampler could not read something (said once per source, target and problem)."""
+
+    KIND: ClassVar[str] = "sample_error"
+    source: str  # "cgroup", "host", "process", "psi"...
+    target: str  # a cgroup path, a pid, a file
+    message: str
+
+
 KINDS: dict[str, type[Event]] = {
-    cls.KIND: cls for cls in (Exit, Signal, OomKill, Fork, Exec, KmsgOom, CgroupInfo, Lost)
+    cls.KIND: cls
+    for cls in (
+        Exit,
+        Signal,
+        OomKill,
+        Fork,
+        Exec,
+        KmsgOom,
+        CgroupInfo,
+        Lost,
+        ReclaimStall,
+        ReclaimSummary,
+        CgroupSample,
+        EffectiveLimit,
+        HostSample,
+        ProcessSample,
+        SampleError,
+    )
 }
 
 

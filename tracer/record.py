@@ -38,6 +38,8 @@ from tracer.events import (
     KmsgOom,
     Lost,
     OomKill,
+    ReclaimStall,
+    ReclaimSummary,
     Signal,
 )
 from tracer.merge import Reorder
@@ -50,6 +52,9 @@ from tracer.trace.format import SCHEMA_VERSION, TraceFooter, TraceHeader
 from tracer.trace.writer import TraceWriter
 
 POLL_MS = 10
+# Reclaim aggregates are read from the kernel this often (one summary per cgroup and kind).
+RECLAIM_DRAIN_NS = 1_000_000_000
+DEFAULT_STALL_THRESHOLD_NS = 10_000_000
 # After the command exits: time for the kernel log and the last records to arrive.
 GRACE_S = 0.2
 
@@ -133,7 +138,9 @@ class Recorder:
         duration: float | None = None,
         status: Callable[[str, bool], None] | None = None,
         on_verdict: Callable[[Verdict], None] | None = None,
+        stall_threshold_ns: int = DEFAULT_STALL_THRESHOLD_NS,
     ) -> None:
+        self.stall_threshold_ns = stall_threshold_ns
         self.output = output
         self.targets = targets
         self.duration = duration
@@ -146,6 +153,10 @@ class Recorder:
         self._known_pids: set[int] = set()
         self._pids_alive: set[int] = set(targets.pids)
         self._watched_cgroup_paths: list[str] = []
+        self._page_size = os.sysconf("SC_PAGE_SIZE")
+        self._kswapd_seen = 0
+        self._last_drain_ns = 0
+        self._reclaim_full_warned = False
 
     # -- set-up -----------------------------------------------------------------------------
 
@@ -196,6 +207,7 @@ class Recorder:
             memcg_v1=int(cg_layout.memory_version == 1),
             self_tgid=os.getpid(),
             watch_cgroups=int(bool(cgroup_ids)),
+            stall_threshold_ns=self.stall_threshold_ns,
         )
         probe = hooks.Probe(config)
         try:
@@ -219,7 +231,7 @@ class Recorder:
     ) -> RecordResult:
         attached = probe.attach()
         for hook, rung in attached.rungs.items():
-            if rung is None and hook != "oom_context":
+            if rung is None and hook not in hooks.ENRICHING:
                 self.warnings.append(
                     f"hook {hook} did not attach: " + "; ".join(attached.failures.get(hook, []))
                 )
@@ -227,6 +239,8 @@ class Recorder:
         kmsg = self._kmsg()
         if rungs.get("oom") is None and kmsg is not None:
             rungs["oom"] = "kmsg"
+        if rungs.get("memory_high") is None and cg_layout.memory_version == 2:
+            rungs["memory_high"] = "cgroupfs"  # memory.events "high" deltas + memory.pressure
         for cid in cgroup_ids:
             probe.watch_cgroup(cid)
         for path in self.targets.cgroups:
@@ -264,6 +278,8 @@ class Recorder:
         started = time.monotonic()
         next_status = started
         grace_until: float | None = None
+        next_reclaim_ns = start_ns + RECLAIM_DRAIN_NS
+        self._last_drain_ns = start_ns
         try:
             if self.targets.command:
                 child = self._start_command(probe)
@@ -277,6 +293,9 @@ class Recorder:
                             if self._wants_kmsg(k)
                         )
                 now_ns = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+                if now_ns >= next_reclaim_ns:
+                    events.extend(self._reclaim_summaries(probe, now_ns))
+                    next_reclaim_ns = now_ns + RECLAIM_DRAIN_NS
                 lost = probe.lost_count()
                 if lost > lost_seen:
                     events.append(Lost(ts=now_ns, count=lost - lost_seen))
@@ -298,6 +317,9 @@ class Recorder:
                     break
             # final drain: whatever is still in flight
             events = decoder.decode_batch(rb.drain(0))
+            events.extend(
+                self._reclaim_summaries(probe, time.clock_gettime_ns(time.CLOCK_BOOTTIME))
+            )
             self._track(events)
             reorder.push(self._name_cgroups(events, resolver))
             self._emit(reorder.flush(), writer)
@@ -342,6 +364,46 @@ class Recorder:
             reason=self.stop.reason or "stopped",
             command_status=command_status,
         )
+
+    def _reclaim_summaries(self, probe: hooks.Probe, now_ns: int) -> list[Event]:
+        interval = now_ns - self._last_drain_ns
+        self._last_drain_ns = now_ns
+        out: list[Event] = []
+        for cgroup_id, kind, st in sorted(probe.drain_reclaim(), key=lambda x: (x[0], x[1])):
+            out.append(
+                ReclaimSummary(
+                    ts=now_ns,
+                    cgroup_id=cgroup_id,
+                    kind=layout.STALL_KINDS.get(kind, str(kind)),
+                    count=st.count,
+                    total_ns=st.total_ns,
+                    max_ns=st.max_ns,
+                    reclaimed_bytes=st.reclaimed_pages * self._page_size,
+                    interval_ns=interval,
+                )
+            )
+        wakeups = probe.kswapd_wakeups()
+        if wakeups > self._kswapd_seen:
+            out.append(
+                ReclaimSummary(
+                    ts=now_ns,
+                    cgroup_id=0,
+                    kind="kswapd",
+                    count=wakeups - self._kswapd_seen,
+                    total_ns=0,
+                    max_ns=0,
+                    reclaimed_bytes=0,
+                    interval_ns=interval,
+                )
+            )
+            self._kswapd_seen = wakeups
+        full = probe.reclaim_table_full()
+        if full and not self._reclaim_full_warned:
+            self._reclaim_full_warned = True
+            self.warnings.append(
+                f"reclaim aggregation table full: {full} stalls were not counted in summaries"
+            )
+        return out
 
     def _should_stop(self, child: GatedChild | None, elapsed: float) -> str | None:
         if self.stop.reason:
@@ -435,6 +497,10 @@ def _cgroup_ids(ev: Event) -> tuple[int, ...]:
         return (ev.sender_cgroup_id,)
     if isinstance(ev, OomKill):
         return (ev.victim_cgroup_id, ev.limit_cgroup_id)
+    if isinstance(ev, ReclaimStall):
+        return (ev.cgroup_id, ev.task_cgroup_id)
+    if isinstance(ev, ReclaimSummary):
+        return (ev.cgroup_id,)
     return ()
 
 

@@ -20,6 +20,8 @@ from tracer.events import (
     KmsgOom,
     Lost,
     OomKill,
+    ReclaimStall,
+    ReclaimSummary,
     Signal,
     signal_name,
     signal_result_name,
@@ -74,6 +76,31 @@ def describe(ev: Event, cgroup_path: Callable[[int], str | None]) -> str | None:
         return (
             f"kmsg    kernel log: killed pid {ev.victim_pid} ({ev.victim_comm}), "
             f"{ev.constraint or 'no constraint line'}{memcg}{rss}"
+        )
+    if isinstance(ev, ReclaimStall):
+        where = cgroup_path(ev.cgroup_id) or (
+            "the host" if not ev.cgroup_id else f"cgroup id {ev.cgroup_id}"
+        )
+        what = {
+            "memcg": "reclaim",
+            "direct": "host direct reclaim",
+            "high": "memory.high throttling",
+        }.get(ev.kind, ev.kind)
+        freed = f", reclaimed {fmt_bytes(ev.reclaimed_bytes)}" if ev.reclaimed_bytes else ""
+        return (
+            f"stall   pid {ev.pid} ({ev.comm}) stalled {ev.duration_ns / 1e6:.1f} ms in "
+            f"{what} of {where}{freed} [{ev.rung}]"
+        )
+    if isinstance(ev, ReclaimSummary):
+        if ev.kind == "kswapd":
+            return f"reclaim kswapd woken {ev.count} times in {ev.interval_ns / 1e9:.1f} s"
+        where = cgroup_path(ev.cgroup_id) or (
+            "the host" if not ev.cgroup_id else f"cgroup id {ev.cgroup_id}"
+        )
+        return (
+            f"reclaim {ev.count} {ev.kind} stalls in {where}: {ev.total_ns / 1e6:.1f} ms "
+            f"total, longest {ev.max_ns / 1e6:.1f} ms, reclaimed "
+            f"{fmt_bytes(ev.reclaimed_bytes)} in {ev.interval_ns / 1e9:.1f} s"
         )
     if isinstance(ev, Fork):
         return f"fork    pid {ev.parent_pid} ({ev.comm}) -> pid {ev.child_pid}"

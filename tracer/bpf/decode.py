@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from typing import Literal
 
 from tracer.bpf import layout
-from tracer.events import Event, Exec, Exit, Fork, OomKill, Signal
+from tracer.events import Event, Exec, Exit, Fork, OomKill, ReclaimStall, Signal
 
 
 def _str(raw: bytes) -> str:
@@ -24,6 +24,7 @@ _SIGNAL = layout.struct_of(layout.WrSignal)
 _OOM = layout.struct_of(layout.WrOom)
 _FORK = layout.struct_of(layout.WrFork)
 _EXEC = layout.struct_of(layout.WrExec)
+_STALL = layout.struct_of(layout.WrStall)
 
 # Header fields, in order: type size rung _pad ts_ns pid tgid cgroup_id comm
 _BYTEORDER: Literal["little", "big"] = "little" if sys.byteorder == "little" else "big"
@@ -42,6 +43,7 @@ class Decoder:
             layout.EV_OOM: (_OOM.size, self._oom),
             layout.EV_FORK: (_FORK.size, self._fork),
             layout.EV_EXEC: (_EXEC.size, self._exec),
+            layout.EV_STALL: (_STALL.size, self._stall),
         }
 
     def decode(self, raw: bytes) -> Event | None:
@@ -127,3 +129,19 @@ class Decoder:
     def _exec(raw: bytes) -> Event:
         (_, _, _, _, ts, _pid, tgid, cg, comm, filename) = _EXEC.unpack_from(raw)
         return Exec(ts=ts, pid=tgid, comm=_str(comm), filename=_str(filename), cgroup_id=cg)
+
+    def _stall(self, raw: bytes) -> Event:
+        (_, _, rung, _, ts, _pid, tgid, cg, comm, memcg, dur, pages, kind, _p) = _STALL.unpack_from(
+            raw
+        )
+        return ReclaimStall(
+            ts=ts,
+            pid=tgid,
+            comm=_str(comm),
+            cgroup_id=memcg,
+            task_cgroup_id=cg,
+            kind=layout.STALL_KINDS.get(kind, str(kind)),
+            duration_ns=dur,
+            reclaimed_bytes=pages * self.page_size,
+            rung=layout.RUNG_NAMES.get(rung, str(rung)),
+        )

@@ -11,6 +11,7 @@ every hook is reported, written into the trace header, and shown by ``whyrestart
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import re
 from dataclasses import dataclass, field
@@ -19,18 +20,57 @@ from tracer.bpf import layout
 from tracer.bpf.libbpf import BpfObject, Link, Map, lib
 from tracer.errors import BpfError, KernelUnsupported
 
-# hook -> [(rung, program)], best first. "oom_context" does not emit: it lets mark_victim read
-# oom_control (the exact memcg) instead of walking ancestors; see the OOM block in the C file.
-LADDERS: dict[str, list[tuple[str, str]]] = {
-    "exit": [("tp_btf", "exit_btf"), ("tracepoint", "exit_tp")],
-    "signal": [("tp_btf", "signal_btf"), ("tracepoint", "signal_tp")],
-    "oom": [("tp_btf", "oom_btf"), ("tracepoint", "oom_tp")],
-    "oom_context": [("fentry", "oom_fentry"), ("kprobe", "oom_kprobe")],
-    "fork": [("tp_btf", "fork_btf"), ("raw_tp", "fork_raw")],
-    "exec": [("tp_btf", "exec_btf"), ("raw_tp", "exec_raw")],
+# hook -> [(rung, programs)], best first; a rung is used only if all its programs attach.
+# "oom_context" does not emit: it lets mark_victim read oom_control (the exact memcg) instead of
+# walking ancestors; see the OOM block in the C file.
+LADDERS: dict[str, list[tuple[str, tuple[str, ...]]]] = {
+    "exit": [("tp_btf", ("exit_btf",)), ("tracepoint", ("exit_tp",))],
+    "signal": [("tp_btf", ("signal_btf",)), ("tracepoint", ("signal_tp",))],
+    "oom": [("tp_btf", ("oom_btf",)), ("tracepoint", ("oom_tp",))],
+    "oom_context": [("fentry", ("oom_fentry",)), ("kprobe", ("oom_kprobe",))],
+    "fork": [("tp_btf", ("fork_btf",)), ("raw_tp", ("fork_raw",))],
+    "exec": [("tp_btf", ("exec_btf",)), ("raw_tp", ("exec_raw",))],
+    "memcg_reclaim": [
+        ("fentry", ("memcg_reclaim_fentry", "memcg_reclaim_fexit")),
+        ("kprobe", ("memcg_reclaim_kprobe", "memcg_reclaim_kretprobe")),
+        ("tp_btf", ("memcg_reclaim_begin_btf", "memcg_reclaim_end_btf")),
+        ("tracepoint", ("memcg_reclaim_begin_tp", "memcg_reclaim_end_tp")),
+    ],
+    "direct_reclaim": [
+        ("tp_btf", ("direct_reclaim_begin_btf", "direct_reclaim_end_btf")),
+        ("tracepoint", ("direct_reclaim_begin_tp", "direct_reclaim_end_tp")),
+    ],
+    "kswapd": [("tp_btf", ("kswapd_wakeup_btf",)), ("tracepoint", ("kswapd_wakeup_tp",))],
+    "memory_high": [
+        ("fentry", ("high_fentry", "high_fexit")),
+        ("kprobe", ("high_kprobe", "high_kretprobe")),
+    ],
 }
 # Without these, there is nothing to attribute an exit to.
 REQUIRED = ("exit",)
+# Hooks whose absence is normal on some kernels and only lowers precision.
+ENRICHING = ("oom_context", "memory_high")
+
+# The memory.high handler was renamed when its fast-path check became an inline wrapper; the
+# programs are pointed at whichever name this kernel has (see the C file).
+HIGH_HANDLERS = ("__mem_cgroup_handle_over_high", "mem_cgroup_handle_over_high")
+RETARGETED = ("high_fentry", "high_fexit", "high_kprobe", "high_kretprobe")
+TRAMPOLINE_SECTIONS = ("fentry/", "fexit/", "fmod_ret/")
+
+
+def kernel_function(candidates: tuple[str, ...], kallsyms: str = "/proc/kallsyms") -> str | None:
+    """The first of ``candidates`` that this kernel has as a function symbol."""
+    try:
+        with open(kallsyms, "rb") as f:
+            names = {
+                parts[2].decode()
+                for line in f
+                if len(parts := line.split()) >= 3 and parts[1] in (b"T", b"t")
+            }
+    except OSError:
+        return None
+    return next((c for c in candidates if c in names), None)
+
 
 _FAILED_PROG = re.compile(r"prog '(\w+)': (?:.*fail|.*error|.*invalid|.*not)", re.IGNORECASE)
 
@@ -63,12 +103,15 @@ class Probe:
         self.path = path or object_path()
         self.config = config
         self.attached = Attached()
+        self.high_handler: str | None = None
         self._links: list[Link] = []
         self.obj = self._load(set(disabled))
         self.events: Map = self.obj.map("events")
         self.watched_pids: Map = self.obj.map("watched_pids")
         self.watched_cgroups: Map = self.obj.map("watched_cgroups")
         self.lost: Map = self.obj.map("lost")
+        self.reclaim_stats: Map = self.obj.map("reclaim_stats")
+        self.pressure_counters: Map = self.obj.map("pressure_counters")
 
     # -- loading ----------------------------------------------------------------------------
 
@@ -83,12 +126,21 @@ class Probe:
         for prog in obj.programs():
             if prog.name in disabled:
                 prog.set_autoload(False)
+            elif prog.name in RETARGETED and prog.section.startswith(TRAMPOLINE_SECTIONS):
+                assert self.high_handler is not None
+                prog.set_attach_target(self.high_handler)
         return obj
 
     def _load(self, disabled: set[str]) -> BpfObject:
-        every = {p for ladder in LADDERS.values() for _, p in ladder}
+        every = {p for ladder in LADDERS.values() for _, progs in ladder for p in progs}
+        self.high_handler = kernel_function(HIGH_HANDLERS)
+        if self.high_handler is None:
+            for name in RETARGETED:
+                self.attached.refused_at_load[name] = "no memory.high handler in kallsyms"
+                disabled.add(name)
         while True:
             obj = self._open(disabled)
+            sections = {p.name: p.section for p in obj.programs()}
             try:
                 obj.load()
                 return obj
@@ -111,25 +163,47 @@ class Probe:
                         exc.step, exc.errno, (exc.fix or "") + ("\n  libbpf said:\n    " + tail)
                     ) from exc
                 reason = next((ln for ln in log if f"'{culprit}'" in ln), str(exc))
-                self.attached.refused_at_load[culprit] = reason.removeprefix("libbpf: ")
-                disabled.add(culprit)
+                reason = reason.removeprefix("libbpf: ")
+                victims = {culprit}
+                if exc.errno == errno.EPERM and sections[culprit].startswith(TRAMPOLINE_SECTIONS):
+                    # The kernel refuses BPF trampolines altogether: one reload, not one per
+                    # fentry/fexit program.
+                    victims = {
+                        n for n, sec in sections.items() if sec.startswith(TRAMPOLINE_SECTIONS)
+                    }
+                for name in victims - disabled:
+                    self.attached.refused_at_load[name] = (
+                        reason
+                        if name == culprit
+                        else "this kernel refuses BPF trampolines (fentry/fexit): EPERM"
+                    )
+                disabled |= victims
 
     # -- attaching --------------------------------------------------------------------------
 
     def attach(self) -> Attached:
         for hook, ladder in LADDERS.items():
             self.attached.rungs[hook] = None
-            for rung, name in ladder:
-                if name in self.attached.refused_at_load:
+            for rung, names in ladder:
+                refused = [n for n in names if n in self.attached.refused_at_load]
+                if refused:
                     self.attached.failures.setdefault(hook, []).append(
-                        f"{rung}: refused at load ({self.attached.refused_at_load[name]})"
+                        f"{rung}: refused at load ({self.attached.refused_at_load[refused[0]]})"
                     )
                     continue
+                links: list[Link] = []
                 try:
-                    self._links.append(self.obj.program(name).attach())
+                    for name in names:
+                        target = (
+                            self.high_handler if name in ("high_kprobe", "high_kretprobe") else None
+                        )
+                        links.append(self.obj.program(name).attach(target))
                 except BpfError as exc:
+                    for link in links:
+                        link.destroy()
                     self.attached.failures.setdefault(hook, []).append(f"{rung}: {exc.message}")
                     continue
+                self._links.extend(links)
                 self.attached.rungs[hook] = rung
                 break
         for hook in REQUIRED:
@@ -152,6 +226,24 @@ class Probe:
 
     def lost_count(self) -> int:
         return self.lost.percpu_sum_u64(0)
+
+    def drain_reclaim(self) -> list[tuple[int, int, layout.WrReclaimStats]]:
+        """Take (and reset) the per-(cgroup, kind) reclaim aggregates: [(cgroup id, kind,
+        stats)]. Atomic per entry (lookup-and-delete), so no stall is counted twice or lost
+        between two drains."""
+        out = []
+        for key in self.reclaim_stats.keys(layout.WrReclaimKey):
+            stats = layout.WrReclaimStats()
+            if self.reclaim_stats.pop(key, stats):
+                assert isinstance(key, layout.WrReclaimKey)
+                out.append((int(key.cgroup_id), int(key.kind), stats))
+        return out
+
+    def kswapd_wakeups(self) -> int:
+        return self.pressure_counters.percpu_sum_u64(0)
+
+    def reclaim_table_full(self) -> int:
+        return self.pressure_counters.percpu_sum_u64(1)
 
     def close(self) -> None:
         for link in self._links:

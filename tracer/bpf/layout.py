@@ -14,7 +14,9 @@ from typing import Any
 COMM_LEN = 16
 FILENAME_LEN = 128
 
-EV_EXIT, EV_SIGNAL, EV_OOM, EV_FORK, EV_EXEC = 1, 2, 3, 4, 5
+EV_EXIT, EV_SIGNAL, EV_OOM, EV_FORK, EV_EXEC, EV_STALL = 1, 2, 3, 4, 5, 6
+
+STALL_KINDS = {1: "memcg", 2: "direct", 3: "high"}
 
 RUNG_NAMES = {1: "fentry", 2: "kprobe", 3: "tp_btf", 4: "tracepoint"}
 
@@ -73,12 +75,37 @@ class WrExec(ctypes.Structure):
     _fields_ = [("h", WrHdr), ("filename", ctypes.c_char * FILENAME_LEN)]
 
 
+class WrStall(ctypes.Structure):
+    _fields_ = [
+        ("h", WrHdr),
+        ("memcg_id", u64),
+        ("duration_ns", u64),
+        ("reclaimed_pages", u64),
+        ("kind", u32),
+        ("_pad", u32),
+    ]
+
+
+class WrReclaimKey(ctypes.Structure):
+    _fields_ = [("cgroup_id", u64), ("kind", u32), ("_pad", u32)]
+
+
+class WrReclaimStats(ctypes.Structure):
+    _fields_ = [
+        ("count", u64),
+        ("total_ns", u64),
+        ("max_ns", u64),
+        ("reclaimed_pages", u64),
+    ]
+
+
 class WrConfig(ctypes.Structure):
     _fields_ = [
         ("filter_all", u32),
         ("memcg_v1", u32),
         ("self_tgid", u32),
         ("watch_cgroups", u32),
+        ("stall_threshold_ns", u64),
     ]
 
 
@@ -90,6 +117,9 @@ STRUCTS: dict[str, type[ctypes.Structure]] = {
     "wr_oom": WrOom,
     "wr_fork": WrFork,
     "wr_exec": WrExec,
+    "wr_stall": WrStall,
+    "wr_reclaim_key": WrReclaimKey,
+    "wr_reclaim_stats": WrReclaimStats,
     "wr_config": WrConfig,
 }
 

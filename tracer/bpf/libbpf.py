@@ -88,6 +88,8 @@ class _Lib:
             "bpf_program__set_autoload": (c_int, [c_void_p, ctypes.c_bool]),
             "bpf_program__autoload": (ctypes.c_bool, [c_void_p]),
             "bpf_program__attach": (c_void_p, [c_void_p]),
+            "bpf_program__attach_kprobe": (c_void_p, [c_void_p, ctypes.c_bool, c_char_p]),
+            "bpf_program__set_attach_target": (c_int, [c_void_p, c_int, c_char_p]),
             "bpf_link__destroy": (c_int, [c_void_p]),
             "bpf_map__fd": (c_int, [c_void_p]),
             "bpf_map__initial_value": (c_void_p, [c_void_p, ctypes.POINTER(c_size_t)]),
@@ -100,6 +102,11 @@ class _Lib:
                 [c_void_p, c_void_p, c_size_t, c_void_p, c_size_t, ctypes.c_uint64],
             ),
             "bpf_map__delete_elem": (c_int, [c_void_p, c_void_p, c_size_t, ctypes.c_uint64]),
+            "bpf_map__get_next_key": (c_int, [c_void_p, c_void_p, c_void_p, c_size_t]),
+            "bpf_map__lookup_and_delete_elem": (
+                c_int,
+                [c_void_p, c_void_p, c_size_t, c_void_p, c_size_t, ctypes.c_uint64],
+            ),
             "ring_buffer__new": (c_void_p, [c_int, SAMPLE_FN, c_void_p, c_void_p]),
             "ring_buffer__poll": (c_int, [c_void_p, c_int]),
             "ring_buffer__consume": (c_int, [c_void_p]),
@@ -168,11 +175,27 @@ class Program:
         if rc < 0:
             raise BpfError(f"setting autoload of {self.section}", -rc)
 
-    def attach(self) -> Link:
-        link = lib().dll.bpf_program__attach(self.ptr)
+    def set_attach_target(self, function: str) -> None:
+        """Point an fentry/fexit program at another kernel function (before load)."""
+        rc = lib().dll.bpf_program__set_attach_target(self.ptr, 0, function.encode())
+        if rc < 0:
+            raise BpfError(f"retargeting {self.section} to {function}", -rc)
+
+    def attach(self, kprobe_function: str | None = None) -> Link:
+        """Attach as the section says; ``kprobe_function`` names the target of a bare
+        SEC("kprobe")/SEC("kretprobe") program."""
+        if kprobe_function is not None:
+            retprobe = self.section.startswith("kretprobe")
+            link = lib().dll.bpf_program__attach_kprobe(
+                self.ptr, retprobe, kprobe_function.encode()
+            )
+            where = f"{self.section}/{kprobe_function}"
+        else:
+            link = lib().dll.bpf_program__attach(self.ptr)
+            where = self.section
         if not link:
             err = _err()
-            step = f"attaching {self.section}"
+            step = f"attaching {where}"
             raise BpfError(step, err, _fix_for(step, err))
         return Link(link)
 
@@ -235,6 +258,43 @@ class Map:
         rc = lib().dll.bpf_map__delete_elem(self.ptr, ctypes.byref(key), ctypes.sizeof(key), 0)
         if rc < 0 and rc != -errno.ENOENT:
             raise BpfError(f"deleting from map {self.name}", -rc)
+
+    def keys(self, key_type: type[ctypes.Structure]) -> list[ctypes.Structure]:
+        """Every key, read with get_next_key (a snapshot: the kernel may add keys meanwhile)."""
+        out: list[ctypes.Structure] = []
+        prev: ctypes.Structure | None = None
+        size = ctypes.sizeof(key_type)
+        while len(out) < 1 << 20:
+            nxt = key_type()
+            rc = lib().dll.bpf_map__get_next_key(
+                self.ptr,
+                ctypes.byref(prev) if prev is not None else None,
+                ctypes.byref(nxt),
+                size,
+            )
+            if rc == -errno.ENOENT:
+                break
+            if rc < 0:
+                raise BpfError(f"listing map {self.name}", -rc)
+            out.append(nxt)
+            prev = nxt
+        return out
+
+    def pop(self, key: ctypes._CData, value: ctypes._CData) -> bool:
+        """Atomically read and delete one entry (hash maps, kernel 5.14+)."""
+        rc = lib().dll.bpf_map__lookup_and_delete_elem(
+            self.ptr,
+            ctypes.byref(key),
+            ctypes.sizeof(key),
+            ctypes.byref(value),
+            ctypes.sizeof(value),
+            0,
+        )
+        if rc == -errno.ENOENT:
+            return False
+        if rc < 0:
+            raise BpfError(f"draining map {self.name}", -rc)
+        return True
 
     def percpu_sum_u64(self, index: int = 0) -> int:
         """Sum one u64 slot of a per-CPU array over every possible CPU."""
