@@ -53,5 +53,5 @@ def test_every_ladder_program_exists_in_the_object() -> None:
         names = {p.name for p in obj.programs()}
     finally:
         obj.close()
-    wanted = {prog for ladder in hooks.LADDERS.values() for _, prog in ladder}
+    wanted = {p for ladder in hooks.LADDERS.values() for _, progs in ladder for p in progs}
     assert wanted <= names, wanted - names
