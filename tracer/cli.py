@@ -16,6 +16,7 @@ import click
 import orjson
 
 from tracer import __version__
+from tracer.analysis.pressure import TailLine
 from tracer.analysis.verdicts import Analyzer, Verdict
 from tracer.errors import UsageError, WhyrestartError
 from tracer.events import CgroupInfo, Event
@@ -184,6 +185,85 @@ def _verdicts_json(verdicts: list[Verdict], clock: Clock) -> str:
     )
 
 
+# -- tail ----------------------------------------------------------------------------------
+
+_COLOURS = {"info": "", "warn": "\x1b[33m", "crit": "\x1b[1;31m"}
+
+
+def _tail_printer(clock_holder: list[Clock], as_json: bool) -> Any:
+    colour = sys.stdout.isatty() and not as_json
+
+    def show(lines: list[TailLine]) -> None:
+        for line in lines:
+            if as_json:
+                click.echo(
+                    orjson.dumps(
+                        {"ts": line.ts, "severity": line.severity, "text": line.text}
+                    ).decode()
+                )
+                continue
+            t = clock_holder[0].wall(line.ts) if clock_holder else str(line.ts)
+            text = f"{t}  {line.text}"
+            if colour and _COLOURS[line.severity]:
+                text = f"{_COLOURS[line.severity]}{text}\x1b[0m"
+            click.echo(text)
+        sys.stdout.flush()
+
+    return show
+
+
+@main.command()
+@click.option(
+    "--pid",
+    "pids",
+    type=int,
+    multiple=True,
+    help="Watch this process and its descendants (repeatable).",
+)
+@click.option("--cgroup", "cgroups", multiple=True, help="Watch a memory cgroup and below.")
+@click.option("--all", "all_", is_flag=True, help="Watch every process on the host.")
+@click.option("--duration", type=float, default=None, help="Stop after this many seconds.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+@_friendly
+def tail(
+    pids: tuple[int, ...],
+    cgroups: tuple[str, ...],
+    all_: bool,
+    duration: float | None,
+    as_json: bool,
+    command: tuple[str, ...],
+) -> None:
+    """Live memory-pressure events, one line each: stalls, limits, PSI, OOM kills, verdicts.
+
+    Nothing is written to disk; use `record` to keep a trace (`replay --tail` shows the same
+    lines from it).
+    """
+    from tracer.analysis.pressure import PressureFeed
+    from tracer.record import Recorder, Targets
+
+    targets = Targets(pids=list(pids), cgroups=list(cgroups), all=all_, command=list(command))
+    clock: list[Clock] = []
+    show = _tail_printer(clock, as_json)
+    rec: Recorder
+
+    def path_of(cid: int) -> str | None:
+        return rec.analyzer.cgroup_path(cid)
+
+    feed = PressureFeed(path_of)
+
+    def on_event(ev: Event, verdict: Verdict | None) -> None:
+        if not clock and rec.header is not None:
+            clock.append(Clock(rec.header.started_ns, rec.header.clock_offset_ns))
+        show(feed.feed(ev, verdict))
+
+    rec = Recorder(None, targets, duration=duration, on_event=on_event)
+    result = rec.run()
+    show(feed.flush(result.header.started_ns if not clock else clock[0].start_ns))
+    for w in result.warnings:
+        click.echo(f"whyrestart: warning: {w}", err=True)
+
+
 # -- replay --------------------------------------------------------------------------------
 
 
@@ -191,8 +271,9 @@ def _verdicts_json(verdicts: list[Verdict], clock: Clock) -> str:
 @click.argument("trace", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Events and verdicts as JSON.")
 @click.option("--verdicts-only", is_flag=True, help="Skip the event timeline.")
+@click.option("--tail", "as_tail", is_flag=True, help="Show the lines `tail` showed live.")
 @_friendly
-def replay(trace: str, as_json: bool, verdicts_only: bool) -> None:
+def replay(trace: str, as_json: bool, verdicts_only: bool, as_tail: bool) -> None:
     """Replay a trace file (no root needed): the timeline, then one verdict per exit."""
     from tracer.trace.reader import TraceReader
 
@@ -201,7 +282,6 @@ def replay(trace: str, as_json: bool, verdicts_only: bool) -> None:
     clock = Clock(header.started_ns, header.clock_offset_ns)
     analyzer = Analyzer()
     events: list[Event] = []
-    lines: list[str] = []
 
     def fed() -> Any:
         for ev in reader:
@@ -213,6 +293,19 @@ def replay(trace: str, as_json: bool, verdicts_only: bool) -> None:
     def path_of(cid: int) -> str | None:
         return analyzer.cgroup_path(cid)
 
+    if as_tail:
+        from tracer.analysis.pressure import PressureFeed
+
+        feed = PressureFeed(path_of)
+        show = _tail_printer([clock], False)
+        last = header.started_ns
+        for ev in reader:
+            show(feed.feed(ev, analyzer.feed(ev)))
+            last = ev.ts
+        show(feed.flush(last))
+        for w in reader.warnings:
+            click.echo(f"whyrestart: warning: {w}", err=True)
+        return
     if as_json:
         for _ in fed():
             pass
@@ -235,7 +328,6 @@ def replay(trace: str, as_json: bool, verdicts_only: bool) -> None:
             pass
     else:
         for line in timeline(fed(), clock, path_of):
-            lines.append(line)
             click.echo(line)
         click.echo()
     for w in reader.warnings:

@@ -18,6 +18,7 @@ import os
 import platform
 import signal
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -77,7 +78,7 @@ class Targets:
 
 @dataclass
 class RecordResult:
-    path: str
+    path: str | None
     header: TraceHeader
     verdicts: list[Verdict]
     counts: dict[str, int]
@@ -132,12 +133,12 @@ class _StopFlag:
 class Recorder:
     def __init__(
         self,
-        output: str,
+        output: str | None,
         targets: Targets,
         *,
         duration: float | None = None,
         status: Callable[[str, bool], None] | None = None,
-        on_verdict: Callable[[Verdict], None] | None = None,
+        on_event: Callable[[Event, Verdict | None], None] | None = None,
         stall_threshold_ns: int = DEFAULT_STALL_THRESHOLD_NS,
     ) -> None:
         self.stall_threshold_ns = stall_threshold_ns
@@ -145,7 +146,9 @@ class Recorder:
         self.targets = targets
         self.duration = duration
         self.status = status
-        self.on_verdict = on_verdict
+        self.on_event = on_event
+        self.header: TraceHeader | None = None
+        self._counts: Counter[str] = Counter()
         self.stop = _StopFlag()
         self.warnings: list[str] = []
         self.analyzer = Analyzer()
@@ -197,7 +200,8 @@ class Recorder:
 
     def run(self) -> RecordResult:
         preflight()
-        _check_output(self.output)
+        if self.output is not None:
+            _check_output(self.output)
         system.ensure_tracefs()
         cg_layout = CgroupLayout.from_system()
         resolver = CgroupResolver(cg_layout)
@@ -270,7 +274,8 @@ class Recorder:
                 "libbpf": system.libbpf_version(),
             },
         )
-        writer = TraceWriter.open(self.output, header)
+        self.header = header
+        writer = TraceWriter.open(self.output, header) if self.output is not None else None
         reorder = Reorder()
         lost_seen = 0
         child: GatedChild | None = None
@@ -346,19 +351,20 @@ class Recorder:
             command_status = rc if rc >= 0 else 128 - rc
         footer = TraceFooter(
             ended_ns=time.clock_gettime_ns(time.CLOCK_BOOTTIME),
-            counts=dict(writer.counts),
+            counts=dict(self._counts),
             lost=lost_seen,
             warnings=list(self.warnings),
             exit=self.stop.reason or "stopped",
         )
-        writer.close(footer)
+        if writer is not None:
+            writer.close(footer)
         if self.status:
             self.status(self._status_line(time.monotonic() - started, writer, lost_seen), True)
         return RecordResult(
             path=self.output,
             header=header,
             verdicts=list(self.analyzer.verdicts),
-            counts=dict(writer.counts),
+            counts=dict(self._counts),
             lost=lost_seen,
             warnings=list(self.warnings),
             reason=self.stop.reason or "stopped",
@@ -422,14 +428,16 @@ class Recorder:
             return "watched processes exited"
         return None
 
-    def _emit(self, events: Sequence[Event], writer: TraceWriter) -> None:
+    def _emit(self, events: Sequence[Event], writer: TraceWriter | None) -> None:
         if not events:
             return
-        writer.write_many(events)
+        if writer is not None:
+            writer.write_many(events)
         for ev in events:
+            self._counts[ev.KIND] += 1
             verdict = self.analyzer.feed(ev)
-            if verdict is not None and self.on_verdict is not None:
-                self.on_verdict(verdict)
+            if self.on_event is not None:
+                self.on_event(ev, verdict)
 
     def _track(self, events: Sequence[Event]) -> None:
         for ev in events:
@@ -462,8 +470,10 @@ class Recorder:
             out.append(ev)
         return out
 
-    def _status_line(self, elapsed: float, writer: TraceWriter, lost: int) -> str:
-        n = sum(writer.counts.values())
+    def _status_line(self, elapsed: float, writer: TraceWriter | None, lost: int) -> str:
+        n = sum(self._counts.values())
+        if writer is None:
+            return f"tailing {elapsed:6.1f}s  events {n}  lost {lost}"
         size = writer.bytes_written
         return (
             f"recording {elapsed:6.1f}s  events {n}  lost {lost}  "

@@ -1,0 +1,231 @@
+"""The live ``tail`` view: notable memory-pressure events as one line each. Pure.
+
+Fed events in time order (and the verdict an exit produced), it returns the lines to show:
+OOM kills, exits with their verdicts, long stalls, usage crossing 90% of the effective limit,
+PSI over thresholds, memory.high throttling, lost events. Storms are folded: per cgroup and
+kind, at most ``MAX_STALL_LINES`` single-stall lines per window, and a summary line per window
+("312 reclaim stalls, 4.1 s total, in /x over 2.0 s") once the window closes. ``replay --tail``
+runs the same code on a trace, so it shows exactly what ``tail`` showed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tracer.analysis.verdicts import Verdict, fmt_bytes
+from tracer.events import (
+    CgroupSample,
+    EffectiveLimit,
+    Event,
+    HostSample,
+    Lost,
+    OomKill,
+    ReclaimStall,
+    ReclaimSummary,
+)
+
+INFO, WARN, CRIT = "info", "warn", "crit"
+
+WINDOW_NS = 2_000_000_000
+MAX_STALL_LINES = 3  # single-stall lines per cgroup/kind/window before folding into a summary
+SUMMARY_MIN_STALLS = 10  # a window with fewer stalls and little stall time stays quiet
+SUMMARY_MIN_NS = 100_000_000
+USAGE_WARN = 0.90
+USAGE_REARM = 0.85
+PSI_SOME_WARN = 10.0  # avg10 %, "some": at least one task stalled on memory
+PSI_FULL_WARN = 5.0  # "full": all non-idle tasks stalled at once
+
+KIND_WORDS = {"memcg": "reclaim", "direct": "host direct reclaim", "high": "memory.high throttle"}
+
+
+@dataclass(frozen=True, slots=True)
+class TailLine:
+    ts: int
+    severity: str
+    text: str
+
+
+@dataclass
+class _Window:
+    start: int
+    count: int = 0
+    total_ns: int = 0
+    lines: int = 0
+
+
+@dataclass
+class PressureFeed:
+    """Turns events into tail lines. ``cgroup_path`` names cgroup ids (from CgroupInfo)."""
+
+    cgroup_path: Callable[[int], str | None]
+    _windows: dict[tuple[int, str], _Window] = field(default_factory=dict)
+    _limits: dict[int, int | None] = field(default_factory=dict)  # cgroup id -> effective limit
+    _usage_high: set[int] = field(default_factory=set)
+    _psi_high: set[tuple[int, str]] = field(default_factory=set)
+    _high_events: dict[int, int] = field(default_factory=dict)
+
+    def _name(self, cgroup_id: int) -> str:
+        if cgroup_id == 0:
+            return "the host"
+        return self.cgroup_path(cgroup_id) or f"cgroup id {cgroup_id}"
+
+    def feed(self, ev: Event, verdict: Verdict | None = None) -> list[TailLine]:
+        out = self._close_windows(ev.ts)
+        if verdict is not None:
+            sev = INFO if verdict.cause == "app_exit" and verdict.exit_code == 0 else CRIT
+            out.append(
+                TailLine(
+                    ev.ts,
+                    sev,
+                    f"exit    pid {verdict.pid} ({verdict.comm}): "
+                    f"{verdict.cause} ({verdict.confidence}) - "
+                    f"{verdict.summary}",
+                )
+            )
+        elif isinstance(ev, OomKill):
+            where = (
+                f"{self._name(ev.limit_cgroup_id)} at its limit {fmt_bytes(ev.limit_bytes)}"
+                if ev.memcg
+                else "the host out of memory"
+            )
+            out.append(
+                TailLine(
+                    ev.ts,
+                    CRIT,
+                    f"OOM     kill of pid {ev.victim_pid} ({ev.victim_comm or '?'}): {where}",
+                )
+            )
+        elif isinstance(ev, ReclaimStall):
+            out.extend(self._stall(ev))
+        elif isinstance(ev, ReclaimSummary):
+            self._summary(ev)
+        elif isinstance(ev, EffectiveLimit):
+            self._limits[ev.cgroup_id] = ev.limit_bytes
+        elif isinstance(ev, CgroupSample):
+            out.extend(self._cgroup_sample(ev))
+        elif isinstance(ev, HostSample):
+            out.extend(self._psi(ev.ts, 0, ev.psi_some_avg10, ev.psi_full_avg10))
+        elif isinstance(ev, Lost):
+            out.append(TailLine(ev.ts, WARN, f"LOST    {ev.count} events (ring buffer full)"))
+        return out
+
+    def flush(self, ts: int) -> list[TailLine]:
+        """Close every open window (end of the stream)."""
+        return self._close_windows(ts, force=True)
+
+    # -- storms ----------------------------------------------------------------------------
+
+    def _window(self, key: tuple[int, str], ts: int) -> _Window:
+        w = self._windows.get(key)
+        if w is None:
+            w = self._windows[key] = _Window(start=ts)
+        return w
+
+    def _stall(self, ev: ReclaimStall) -> list[TailLine]:
+        w = self._window((ev.cgroup_id, ev.kind), ev.ts)
+        w.lines += 1
+        if w.lines > MAX_STALL_LINES:
+            return []
+        return [
+            TailLine(
+                ev.ts,
+                WARN,
+                f"stall   pid {ev.pid} ({ev.comm}) "
+                f"{ev.duration_ns / 1e6:.0f} ms in "
+                f"{KIND_WORDS.get(ev.kind, ev.kind)} of "
+                f"{self._name(ev.cgroup_id)}",
+            )
+        ]
+
+    def _summary(self, ev: ReclaimSummary) -> None:
+        if ev.kind == "kswapd":
+            return
+        w = self._window((ev.cgroup_id, ev.kind), ev.ts - ev.interval_ns)
+        w.count += ev.count
+        w.total_ns += ev.total_ns
+
+    def _close_windows(self, ts: int, force: bool = False) -> list[TailLine]:
+        out = []
+        for key in sorted(self._windows):
+            w = self._windows[key]
+            if not force and ts - w.start < WINDOW_NS:
+                continue
+            del self._windows[key]
+            if w.count >= SUMMARY_MIN_STALLS or w.total_ns >= SUMMARY_MIN_NS:
+                span = max(ts - w.start, 1) if force else WINDOW_NS
+                cgroup_id, kind = key
+                out.append(
+                    TailLine(
+                        ts,
+                        WARN,
+                        f"storm   {w.count} {KIND_WORDS.get(kind, kind)} "
+                        f"stalls, {w.total_ns / 1e9:.1f} s total, in "
+                        f"{self._name(cgroup_id)} over {span / 1e9:.1f} s",
+                    )
+                )
+        return out
+
+    # -- samples ---------------------------------------------------------------------------
+
+    def _cgroup_sample(self, ev: CgroupSample) -> list[TailLine]:
+        out = []
+        limit = self._limits.get(ev.cgroup_id) or ev.limit_bytes
+        if limit and ev.usage_bytes is not None:
+            frac = ev.usage_bytes / limit
+            if frac >= USAGE_WARN and ev.cgroup_id not in self._usage_high:
+                self._usage_high.add(ev.cgroup_id)
+                out.append(
+                    TailLine(
+                        ev.ts,
+                        WARN,
+                        f"usage   {ev.path} at {frac:.0%} of its "
+                        f"effective limit ({fmt_bytes(ev.usage_bytes)}"
+                        f" of {fmt_bytes(limit)})",
+                    )
+                )
+            elif frac < USAGE_REARM:
+                self._usage_high.discard(ev.cgroup_id)
+        high = ev.events.get("high")
+        if high is not None:
+            prev = self._high_events.get(ev.cgroup_id)
+            self._high_events[ev.cgroup_id] = high
+            if prev is not None and high > prev:
+                out.append(
+                    TailLine(
+                        ev.ts,
+                        WARN,
+                        f"high    {ev.path} over memory.high "
+                        f"{high - prev} times: allocations throttled",
+                    )
+                )
+        out.extend(self._psi(ev.ts, ev.cgroup_id, ev.psi_some_avg10, ev.psi_full_avg10, ev.path))
+        return out
+
+    def _psi(
+        self,
+        ts: int,
+        cgroup_id: int,
+        some: float | None,
+        full: float | None,
+        path: str | None = None,
+    ) -> list[TailLine]:
+        out = []
+        where = path or self._name(cgroup_id)
+        for name, value, limit in (("some", some, PSI_SOME_WARN), ("full", full, PSI_FULL_WARN)):
+            key = (cgroup_id, name)
+            if value is None:
+                continue
+            if value >= limit and key not in self._psi_high:
+                self._psi_high.add(key)
+                out.append(
+                    TailLine(
+                        ts,
+                        WARN,
+                        f"psi     memory {name} avg10 {value:.1f}% in "
+                        f"{where}: tasks are waiting on memory",
+                    )
+                )
+            elif value < limit / 2:
+                self._psi_high.discard(key)
+        return out
