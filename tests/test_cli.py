@@ -119,3 +119,12 @@ def test_doctor_json_without_root(monkeypatch: pytest.MonkeyPatch) -> None:
     assert code == 4 and doc["ok"] is False
     names = {c["name"]: c for c in doc["checks"]}
     assert names["root"]["ok"] is False and names["root"]["fix"]
+
+
+def test_replay_tail_golden() -> None:
+    """A real reclaim storm ending in an OOM kill (recorded on this v1 host) gives the same tail
+    lines as when it was checked in: two long stalls, the kill, the verdict, one storm line."""
+    code, out, _ = run("replay", "--tail", str(DATA / "reclaim_v1_oom.trace"))
+    assert code == 0
+    assert out == (DATA / "reclaim_v1_oom.tail.txt").read_text()
+    assert sum(line.split()[1] == "storm" for line in out.splitlines()) == 1

@@ -1,0 +1,151 @@
+"""Tier 1: the tail view folds storms, flags usage near the limit and PSI, once per crossing."""
+
+from __future__ import annotations
+
+import signal
+
+from tests.streams import MiB, cgroup, killed, oom, t
+from tracer.analysis.pressure import MAX_STALL_LINES, PressureFeed, TailLine
+from tracer.analysis.verdicts import Analyzer
+from tracer.events import (
+    CgroupSample,
+    EffectiveLimit,
+    Event,
+    HostSample,
+    ReclaimStall,
+    ReclaimSummary,
+)
+
+
+def stall(at: float, ms: float, cg: int = 20) -> ReclaimStall:
+    return ReclaimStall(
+        ts=t(at),
+        pid=100,
+        comm="model",
+        cgroup_id=cg,
+        task_cgroup_id=cg,
+        kind="memcg",
+        duration_ns=int(ms * 1e6),
+        reclaimed_bytes=MiB,
+        rung="tp_btf",
+    )
+
+
+def sample(
+    at: float, usage: int, cg: int = 20, some: float | None = None, high: int | None = None
+) -> CgroupSample:
+    return CgroupSample(
+        ts=t(at),
+        cgroup_id=cg,
+        path="/model.scope",
+        usage_bytes=usage,
+        limit_bytes=None,
+        high_bytes=None,
+        peak_bytes=None,
+        failcnt=None,
+        events={} if high is None else {"high": high},
+        stat={},
+        psi_some_avg10=some,
+        psi_full_avg10=None,
+        psi_some_total_us=None,
+        psi_full_total_us=None,
+    )
+
+
+def run(*events: Event) -> list[TailLine]:
+    a = Analyzer()
+    feed = PressureFeed(a.cgroup_path)
+    out: list[TailLine] = []
+    for ev in events:
+        out += feed.feed(ev, a.feed(ev))
+    out += feed.flush(events[-1].ts)
+    return out
+
+
+def test_a_storm_is_summarised_not_flooded() -> None:
+    events: list[Event] = [cgroup(20, "/model.scope")]
+    events += [stall(1.0 + i * 0.005, 20) for i in range(300)]
+    events.append(
+        ReclaimSummary(
+            ts=t(2.5),
+            cgroup_id=20,
+            kind="memcg",
+            count=312,
+            total_ns=int(4.1e9),
+            max_ns=int(50e6),
+            reclaimed_bytes=100 * MiB,
+            interval_ns=int(1.5e9),
+        )
+    )
+    lines = run(*events)
+    stalls = [ln for ln in lines if ln.text.startswith("stall")]
+    storms = [ln for ln in lines if ln.text.startswith("storm")]
+    assert len(stalls) == MAX_STALL_LINES
+    assert len(storms) == 1
+    assert "312 reclaim stalls, 4.1 s total, in /model.scope" in storms[0].text
+
+
+def test_a_quiet_window_stays_quiet() -> None:
+    lines = run(
+        cgroup(20, "/x"),
+        ReclaimSummary(
+            ts=t(1),
+            cgroup_id=20,
+            kind="memcg",
+            count=2,
+            total_ns=1000,
+            max_ns=600,
+            reclaimed_bytes=0,
+            interval_ns=t(1),
+        ),
+    )
+    assert lines == []
+
+
+def test_usage_near_the_effective_limit_once_per_crossing() -> None:
+    lim = EffectiveLimit(
+        ts=t(0), cgroup_id=20, path="/model.scope", limit_bytes=100 * MiB, set_by="/parent.slice"
+    )
+    lines = run(
+        lim,
+        sample(1, 50 * MiB),
+        sample(2, 91 * MiB),
+        sample(3, 95 * MiB),
+        sample(4, 80 * MiB),
+        sample(5, 92 * MiB),
+    )
+    usage = [ln.text for ln in lines if ln.text.startswith("usage")]
+    assert len(usage) == 2
+    assert "91%" in usage[0] and "100.0 MiB" in usage[0]
+
+
+def test_psi_and_memory_high_throttling() -> None:
+    lines = run(
+        sample(1, 1, some=2.0, high=5),
+        sample(2, 1, some=25.0, high=9),
+        sample(3, 1, some=30.0, high=9),
+    )
+    texts = [ln.text for ln in lines]
+    assert sum(x.startswith("psi") for x in texts) == 1
+    assert [x for x in texts if x.startswith("high")] == [
+        "high    /model.scope over memory.high 4 times: allocations throttled"
+    ]
+
+
+def test_host_psi_and_oom_and_verdict() -> None:
+    host = HostSample(
+        ts=t(1),
+        mem_total=24 << 30,
+        mem_available=20 << 30,
+        mem_free=19 << 30,
+        cached=None,
+        swap_free=None,
+        psi_some_avg10=12.0,
+        psi_full_avg10=6.0,
+        psi_some_total_us=1,
+        psi_full_total_us=1,
+    )
+    lines = run(cgroup(20, "/model.scope"), host, oom(2.0, 100), killed(2.1, 100, signal.SIGKILL))
+    sev = [(ln.severity, ln.text.split()[0]) for ln in lines]
+    assert sev == [("warn", "psi"), ("warn", "psi"), ("crit", "OOM"), ("crit", "exit")]
+    assert "cgroup_oom" in lines[-1].text
