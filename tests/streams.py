@@ -4,7 +4,20 @@ from __future__ import annotations
 
 import signal as _signal
 
-from tracer.events import SI_KERNEL, SI_USER, CgroupInfo, Exit, KmsgOom, OomKill, Signal
+from tracer.events import (
+    SI_KERNEL,
+    SI_USER,
+    CgroupInfo,
+    CgroupSample,
+    Exec,
+    Exit,
+    Fork,
+    HostSample,
+    KmsgOom,
+    OomKill,
+    ReclaimSummary,
+    Signal,
+)
 
 S = 1_000_000_000
 MiB = 1024 * 1024
@@ -14,21 +27,36 @@ def t(seconds: float) -> int:
     return int(seconds * S)
 
 
-def exit_code(at: float, pid: int, code: int, comm: str = "app", start: float = 0.0) -> Exit:
+def exit_code(
+    at: float,
+    pid: int,
+    code: int,
+    comm: str = "app",
+    start: float = 0.0,
+    cg: int = 10,
+    ppid: int = 1,
+) -> Exit:
     return Exit(
-        ts=t(at), pid=pid, ppid=1, comm=comm, cgroup_id=10, status=code << 8, start_ns=t(start)
+        ts=t(at), pid=pid, ppid=ppid, comm=comm, cgroup_id=cg, status=code << 8, start_ns=t(start)
     )
 
 
 def killed(
-    at: float, pid: int, sig: int, comm: str = "app", core: bool = False, start: float = 0.0
+    at: float,
+    pid: int,
+    sig: int,
+    comm: str = "app",
+    core: bool = False,
+    start: float = 0.0,
+    cg: int = 10,
+    ppid: int = 1,
 ) -> Exit:
     return Exit(
         ts=t(at),
         pid=pid,
-        ppid=1,
+        ppid=ppid,
         comm=comm,
-        cgroup_id=10,
+        cgroup_id=cg,
         status=sig | (0x80 if core else 0),
         start_ns=t(start),
     )
@@ -67,12 +95,13 @@ def oom(
     usage: int = 64 * MiB,
     trigger: int | None = None,
     rung: str = "tp_btf",
+    victim_cg: int = 20,
 ) -> OomKill:
     return OomKill(
         ts=t(at),
         victim_pid=victim,
         victim_comm="app",
-        victim_cgroup_id=20,
+        victim_cgroup_id=victim_cg,
         trigger_pid=trigger or victim,
         trigger_comm="app",
         memcg=memcg,
@@ -106,3 +135,69 @@ def kmsg(at: float, victim: int, memcg: bool = True, oom_memcg: str = "/demo") -
 
 def cgroup(cid: int, path: str, limit: int | None = None) -> CgroupInfo:
     return CgroupInfo(ts=0, cgroup_id=cid, path=path, hierarchy="memory", limit_bytes=limit)
+
+
+def sample(
+    at: float,
+    cg: int,
+    path: str,
+    usage: int | None = None,
+    failcnt: int | None = None,
+    events: dict[str, int] | None = None,
+    stat: dict[str, int] | None = None,
+    limit: int | None = None,
+) -> CgroupSample:
+    return CgroupSample(
+        ts=t(at),
+        cgroup_id=cg,
+        path=path,
+        usage_bytes=usage,
+        limit_bytes=limit,
+        high_bytes=None,
+        peak_bytes=None,
+        failcnt=failcnt,
+        events=events or {},
+        stat=stat or {},
+        psi_some_avg10=None,
+        psi_full_avg10=None,
+        psi_some_total_us=None,
+        psi_full_total_us=None,
+    )
+
+
+def host(at: float, available: int) -> HostSample:
+    return HostSample(
+        ts=t(at),
+        mem_total=24 << 30,
+        mem_available=available,
+        mem_free=available,
+        cached=0,
+        swap_free=0,
+        psi_some_avg10=0.0,
+        psi_full_avg10=0.0,
+        psi_some_total_us=0,
+        psi_full_total_us=0,
+    )
+
+
+def reclaim(
+    at: float, cg: int, total_s: float, count: int, interval_s: float = 1.0, kind: str = "memcg"
+) -> ReclaimSummary:
+    return ReclaimSummary(
+        ts=t(at),
+        cgroup_id=cg,
+        kind=kind,
+        count=count,
+        total_ns=t(total_s),
+        max_ns=t(total_s) // max(count, 1),
+        reclaimed_bytes=0,
+        interval_ns=t(interval_s),
+    )
+
+
+def execd(at: float, pid: int, cg: int, comm: str = "app") -> Exec:
+    return Exec(ts=t(at), pid=pid, comm=comm, filename=f"/usr/bin/{comm}", cgroup_id=cg)
+
+
+def forked(at: float, parent: int, child: int, cg: int, comm: str = "app") -> Fork:
+    return Fork(ts=t(at), parent_pid=parent, child_pid=child, comm=comm, cgroup_id=cg)

@@ -128,3 +128,21 @@ def test_replay_tail_golden() -> None:
     assert code == 0
     assert out == (DATA / "reclaim_v1_oom.tail.txt").read_text()
     assert sum(line.split()[1] == "storm" for line in out.splitlines()) == 1
+
+
+def test_explain_filters_and_json() -> None:
+    code, out, _ = run("explain", "--json", str(GOLDEN))
+    doc = orjson.loads(out)
+    assert code == 0 and doc["schema"] == 1 and doc["restarts"] == []
+    sleeper = next(v for v in doc["verdicts"] if v["comm"] == "sleep")
+    code, out, _ = run("explain", str(GOLDEN), "--pid", str(sleeper["pid"]))
+    assert code == 0
+    assert "signal_kill" in out and "cgroup_oom" not in out
+    code, _, err = run("explain", str(GOLDEN), "--unit", "no-such-unit")
+    assert code == 2 and "no verdict matches" in err
+
+
+def test_explain_equals_the_table_replay_prints() -> None:
+    _, explained, _ = run("explain", str(GOLDEN))
+    _, replayed, _ = run("replay", "--verdicts-only", str(GOLDEN))
+    assert explained == replayed

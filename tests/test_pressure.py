@@ -58,6 +58,7 @@ def run(*events: Event) -> list[TailLine]:
     out: list[TailLine] = []
     for ev in events:
         out += feed.feed(ev, a.feed(ev))
+    out += feed.feed(None, a.finish())
     out += feed.flush(events[-1].ts)
     return out
 

@@ -1,61 +1,127 @@
-"""Tier 1: the verdict rules on small synthetic event streams (tests/streams.py)."""
+"""Tier 1: the verdict rules, one small synthetic event stream per cause and hard case
+(tests/streams.py keeps them readable: times in seconds, pids and cgroup ids chosen per test).
+"""
 
 from __future__ import annotations
 
+import random
 import signal
+from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.streams import (
     MiB,
     cgroup,
+    execd,
     exit_code,
+    forked,
+    host,
     killed,
     kmsg,
     oom,
     oom_killer_sigkill,
+    reclaim,
+    sample,
     sent,
+    t,
 )
 from tracer.analysis.verdicts import Analyzer, Verdict
 from tracer.events import Event
+
+GiB = 1024 * MiB
 
 
 def judge(*events: Event) -> list[Verdict]:
     return Analyzer().feed_all(events)
 
 
+def one(*events: Event) -> Verdict:
+    [v] = judge(*events)
+    return v
+
+
+# -- plain causes --------------------------------------------------------------------------
+
+
 def test_plain_exit_code() -> None:
-    [v] = judge(exit_code(1.0, 100, 23, comm="sh"))
+    v = one(exit_code(1.0, 100, 23, comm="sh"))
     assert (v.cause, v.exit_code, v.confidence, v.pid) == ("app_exit", 23, "high", 100)
     assert "23" in v.summary
 
 
 def test_signal_from_another_process_names_the_sender() -> None:
-    [v] = judge(sent(1.0, 200, 100, comm="kill"), killed(1.01, 100, signal.SIGTERM))
+    v = one(sent(1.0, 200, 100, comm="kill"), killed(1.01, 100, signal.SIGTERM))
     assert v.cause == "signal_kill"
-    assert (v.sender_pid, v.sender_comm, v.signal) == (200, "kill", "SIGTERM")
+    assert (v.sender_pid, v.sender_comm, v.signal, v.sender_role) == (
+        200,
+        "kill",
+        "SIGTERM",
+        "other",
+    )
     assert v.confidence == "high"
 
 
-def test_signal_exit_without_a_sender_is_low_confidence() -> None:
-    [v] = judge(killed(1.0, 100, signal.SIGTERM))
-    assert (v.cause, v.confidence, v.sender_pid) == ("signal_kill", "low", None)
-    assert v.disagreements
+def test_signal_exit_without_a_sender_is_unknown_and_says_what_is_missing() -> None:
+    v = one(killed(1.0, 100, signal.SIGTERM))
+    assert (v.cause, v.confidence, v.sender_pid) == ("unknown", "low", None)
+    assert "no signal event" in v.disagreements[-1]
+
+
+def test_exit_137_alone_is_not_a_memory_verdict() -> None:
+    v = one(killed(1.0, 100, signal.SIGKILL))
+    assert v.cause == "unknown"
+
+
+def test_segfault_is_a_crash_not_a_kill() -> None:
+    v = one(
+        sent(1.0, 100, 100, signal.SIGSEGV, comm="app", code=1),
+        killed(1.0, 100, signal.SIGSEGV, core=True),
+    )
+    assert v.cause == "app_exit"
+    assert "SIGSEGV" in v.summary and "core dumped" in v.summary
+
+
+def test_abort_is_the_app_itself() -> None:
+    v = one(
+        sent(1.0, 100, 100, signal.SIGABRT, comm="app", code=-6), killed(1.0, 100, signal.SIGABRT)
+    )
+    assert v.cause == "app_exit" and "abort" in v.summary
+
+
+# -- memory --------------------------------------------------------------------------------
 
 
 def test_cgroup_oom_names_the_limiting_cgroup_and_limit() -> None:
-    [v] = judge(
+    v = one(
         cgroup(20, "/parent", 64 * MiB),
         oom(1.0, 100, limit_cgroup=20),
         oom_killer_sigkill(1.0, 100, trigger=100),
         kmsg(1.0, 100, oom_memcg="/parent"),
-        killed(1.1, 100, signal.SIGKILL),
+        killed(1.1, 100, signal.SIGKILL, cg=20),
     )
-    assert v.cause == "cgroup_oom"
-    assert v.limit_cgroup == "/parent"
-    assert v.limit_bytes == 64 * MiB
+    assert (v.cause, v.limit_cgroup, v.limit_bytes, v.limit_scope) == (
+        "cgroup_oom",
+        "/parent",
+        64 * MiB,
+        "own",
+    )
     assert v.confidence == "high"
     assert not v.disagreements
+
+
+def test_the_limit_on_an_ancestor_is_named_as_such() -> None:
+    v = one(
+        cgroup(20, "/model.slice", 8 * GiB),
+        cgroup(30, "/model.slice/llm.service", 16 * GiB),
+        oom(1.0, 100, limit_cgroup=20, limit=8 * GiB, usage=8 * GiB, victim_cg=30),
+        kmsg(1.0, 100, oom_memcg="/model.slice"),
+        killed(1.1, 100, signal.SIGKILL, cg=30),
+    )
+    assert (v.limit_cgroup, v.limit_scope) == ("/model.slice", "ancestor")
+    assert "raise the parent limit" in v.advice
 
 
 def test_oom_killers_own_sigkill_is_not_a_second_cause() -> None:
@@ -64,27 +130,40 @@ def test_oom_killers_own_sigkill_is_not_a_second_cause() -> None:
     )
     assert [v.cause for v in verdicts] == ["cgroup_oom"]
     assert verdicts[0].sender_pid is None
+    assert any("OOM killer" in what for _, what in verdicts[0].evidence)
 
 
 def test_bpf_only_oom_is_medium_confidence() -> None:
-    [v] = judge(cgroup(20, "/x"), oom(1.0, 100), killed(1.1, 100, signal.SIGKILL))
+    v = one(cgroup(20, "/x"), oom(1.0, 100), killed(1.1, 100, signal.SIGKILL))
     assert (v.cause, v.confidence) == ("cgroup_oom", "medium")
 
 
-def test_kmsg_only_oom_still_names_the_memcg() -> None:
-    [v] = judge(kmsg(1.0, 100, oom_memcg="/slice/app"), killed(1.1, 100, signal.SIGKILL))
+def test_kmsg_only_oom_still_names_the_memcg_with_medium_confidence() -> None:
+    v = one(kmsg(1.0, 100, oom_memcg="/slice/app"), killed(1.1, 100, signal.SIGKILL))
     assert (v.cause, v.limit_cgroup, v.confidence) == ("cgroup_oom", "/slice/app", "medium")
 
 
+def test_bpf_and_the_oom_kill_counter_agree_for_high_confidence() -> None:
+    v = one(
+        cgroup(20, "/x", 64 * MiB),
+        sample(0.5, 20, "/x", usage=60 * MiB, events={"oom_kill": 0}),
+        oom(1.0, 100),
+        sample(1.05, 20, "/x", usage=10 * MiB, events={"oom_kill": 1}),
+        killed(1.1, 100, signal.SIGKILL),
+    )
+    assert (v.cause, v.confidence) == ("cgroup_oom", "high")
+    assert any("oom_kill counter" in what for _, what in v.evidence)
+
+
 def test_global_oom() -> None:
-    [v] = judge(
+    v = one(
         oom(1.0, 100, memcg=False), kmsg(1.0, 100, memcg=False), killed(1.1, 100, signal.SIGKILL)
     )
     assert (v.cause, v.limit_cgroup, v.confidence) == ("global_oom", None, "high")
 
 
 def test_bpf_and_kmsg_disagreeing_on_the_cgroup_is_reported() -> None:
-    [v] = judge(
+    v = one(
         cgroup(20, "/a"),
         oom(1.0, 100, limit_cgroup=20),
         kmsg(1.0, 100, oom_memcg="/b"),
@@ -95,40 +174,45 @@ def test_bpf_and_kmsg_disagreeing_on_the_cgroup_is_reported() -> None:
     assert any("/b" in d for d in v.disagreements)
 
 
-def test_exit_137_alone_is_not_a_memory_verdict() -> None:
-    [v] = judge(killed(1.0, 100, signal.SIGKILL))
-    assert v.cause == "signal_kill"
-    assert v.confidence == "low"
+def test_memory_verdict_has_peak_breakdown_stalls_and_host_memory() -> None:
+    v = one(
+        cgroup(20, "/model.slice", 8 * GiB),
+        cgroup(30, "/model.slice/llm.service"),
+        host(0.5, 17 * GiB),
+        sample(0.2, 20, "/model.slice", usage=7 * GiB),
+        sample(0.6, 20, "/model.slice", usage=8 * GiB - MiB),
+        sample(
+            0.9,
+            30,
+            "/model.slice/llm.service",
+            usage=7 * GiB,
+            stat={"anon": 6 * GiB, "file": GiB, "shmem": 0, "file_mapped": 100 * MiB},
+        ),
+        reclaim(0.95, 30, total_s=4.2, count=300),
+        oom(1.0, 100, limit_cgroup=20, limit=8 * GiB, usage=8 * GiB - 2 * MiB, victim_cg=30),
+        kmsg(1.0, 100, oom_memcg="/model.slice"),
+        killed(1.1, 100, signal.SIGKILL, cg=30),
+    )
+    assert v.peak_bytes == 8 * GiB - MiB and v.peak_ts == t(0.6)
+    assert dict(v.breakdown) == {"anon": 6 * GiB, "file": GiB, "shmem": 0, "file_mapped": 100 * MiB}
+    assert v.stall_ns == t(4.2)
+    assert v.host_available == 17 * GiB
+    assert "the host had 17.0 GiB available" in v.summary
+    assert "4.2 s of reclaim stalls" in v.summary
 
 
 def test_oom_of_another_pid_does_not_leak() -> None:
     verdicts = judge(oom(1.0, 101), killed(1.1, 100, signal.SIGKILL))
-    assert verdicts[0].cause == "signal_kill"
+    assert verdicts[0].cause == "unknown"
 
 
 def test_oom_before_the_process_started_belongs_to_a_reused_pid() -> None:
-    [v] = judge(oom(1.0, 100), killed(5.0, 100, signal.SIGKILL, start=2.0))
-    assert v.cause == "signal_kill"
-
-
-def test_segfault_is_a_crash_not_a_kill() -> None:
-    [v] = judge(
-        sent(1.0, 100, 100, signal.SIGSEGV, comm="app", code=1),
-        killed(1.0, 100, signal.SIGSEGV, core=True),
-    )
-    assert v.cause == "app_exit"
-    assert "SIGSEGV" in v.summary and "core dumped" in v.summary
-
-
-def test_abort_is_the_app_itself() -> None:
-    [v] = judge(
-        sent(1.0, 100, 100, signal.SIGABRT, comm="app", code=-6), killed(1.0, 100, signal.SIGABRT)
-    )
-    assert v.cause == "app_exit"
+    v = one(oom(1.0, 100), killed(5.0, 100, signal.SIGKILL, start=2.0))
+    assert v.cause == "unknown"
 
 
 def test_oom_reported_but_clean_exit_is_noted_as_disagreement() -> None:
-    [v] = judge(oom(1.0, 100), exit_code(1.1, 100, 0))
+    v = one(oom(1.0, 100), exit_code(1.1, 100, 0))
     assert v.cause == "app_exit"
     assert v.disagreements
 
@@ -144,10 +228,160 @@ def test_oom_group_kills_give_one_verdict_each(n: int) -> None:
     assert {v.pid for v in verdicts} == set(range(100, 100 + n))
 
 
-def test_pending_state_is_bounded() -> None:
-    a = Analyzer()
-    from tracer.analysis import verdicts as mod
+def test_app_that_handles_an_allocation_failure_and_exits_1() -> None:
+    v = one(
+        cgroup(20, "/svc.scope"),
+        sample(0.0, 20, "/svc.scope", usage=60 * MiB, failcnt=0),
+        sample(0.9, 20, "/svc.scope", usage=64 * MiB, failcnt=37),
+        exit_code(1.0, 100, 1, cg=20),
+    )
+    assert v.cause == "app_exit" and v.exit_code == 1
+    assert "allocation failures preceded" in v.summary
+    assert any("failcnt" in what and "37" in what for _, what in v.evidence)
 
-    for pid in range(mod.MAX_PENDING + 10):
+
+def test_a_clean_exit_after_memory_pressure_claims_nothing() -> None:
+    v = one(
+        cgroup(20, "/s"),
+        sample(0.0, 20, "/s", failcnt=0),
+        sample(0.9, 20, "/s", failcnt=3),
+        exit_code(1.0, 100, 0, cg=20),
+    )
+    assert "allocation" not in v.summary
+
+
+# -- senders -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("comm", "role", "words"),
+    [
+        ("systemd-oomd", "oom_daemon", "user-space OOM killer"),
+        ("earlyoom", "oom_daemon", "user-space OOM killer"),
+        ("kubelet", "kubelet", "kubelet"),
+        ("conmon", "supervisor", "stopped by conmon"),
+        ("bash", "other", "from bash"),
+    ],
+)
+def test_sender_roles(comm: str, role: str, words: str) -> None:
+    v = one(sent(1.0, 300, 100, signal.SIGKILL, comm=comm), killed(1.0, 100, signal.SIGKILL))
+    assert (v.cause, v.sender_role) == ("signal_kill", role)
+    assert words in v.summary
+
+
+def test_a_stop_is_sigterm_then_sigkill_after_the_grace_period() -> None:
+    v = one(
+        sent(1.0, 300, 100, signal.SIGTERM, comm="conmon"),
+        sent(11.0, 300, 100, signal.SIGKILL, comm="conmon"),
+        killed(11.0, 100, signal.SIGKILL),
+    )
+    assert v.sender_role == "supervisor"
+    assert "SIGTERM, then SIGKILL 10.0 s later" in v.summary
+
+
+def test_configured_supervisor_pid() -> None:
+    a = Analyzer(supervisor_pids=[777])
+    [v] = a.feed_all([sent(1.0, 777, 100, comm="my-watchdog"), killed(1.0, 100, signal.SIGTERM)])
+    assert v.sender_role == "supervisor"
+
+
+# -- units and restarts --------------------------------------------------------------------
+
+
+def unit_stream() -> list[Event]:
+    return [
+        cgroup(40, "/system.slice/llm.service", 4 * GiB),
+        execd(0.0, 100, 40, "llm"),
+        forked(0.5, 100, 101, 40, "llm"),
+    ]
+
+
+def test_a_child_oom_is_an_event_of_the_unit_not_a_restart() -> None:
+    a = Analyzer()
+    events = [
+        *unit_stream(),
+        oom(1.0, 101, limit_cgroup=40, victim_cg=40),
+        killed(1.1, 101, signal.SIGKILL, cg=40, ppid=100),
+    ]
+    [v] = a.feed_all(events)
+    assert (v.cause, v.unit, v.main) == ("cgroup_oom", "llm.service", False)
+    assert a.restarts == []
+
+
+def test_the_main_process_killed_then_restarted_is_one_restart() -> None:
+    a = Analyzer()
+    events = [
+        *unit_stream(),
+        oom(1.0, 100, limit_cgroup=40, victim_cg=40),
+        killed(1.1, 100, signal.SIGKILL, cg=40),
+        execd(3.1, 200, 40, "llm"),
+    ]
+    [v] = a.feed_all(events)
+    assert (v.unit, v.main) == ("llm.service", True)
+    [r] = a.restarts
+    assert (r.unit, r.old_pid, r.new_pid, r.cause) == ("llm.service", 100, 200, "cgroup_oom")
+    assert r.downtime_ns == t(2.0)
+
+
+# -- properties ----------------------------------------------------------------------------
+
+
+def _key(vs: list[Verdict]) -> list[tuple[int, str, str, str | None]]:
+    return sorted((v.pid, v.cause, v.confidence, v.limit_cgroup) for v in vs)
+
+
+def _rich_stream() -> list[Event]:
+    return [
+        cgroup(20, "/p", 64 * MiB),
+        sample(0.5, 20, "/p", usage=60 * MiB, events={"oom_kill": 0}),
+        oom(1.0, 100),
+        oom_killer_sigkill(1.0, 100, trigger=100),
+        kmsg(1.0, 100, oom_memcg="/p"),
+        killed(1.0, 100, signal.SIGKILL, cg=20),
+        sample(1.0, 20, "/p", usage=1 * MiB, events={"oom_kill": 1}),
+        sent(2.0, 300, 101, comm="kill"),
+        killed(2.0, 101, signal.SIGTERM),
+        exit_code(2.0, 102, 3),
+        sent(3.0, 102, 102, signal.SIGSEGV, code=1),
+        killed(3.0, 102, signal.SIGSEGV, start=2.5),
+    ]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.randoms(use_true_random=False))
+def test_simultaneous_events_in_any_order_give_the_same_verdicts(rnd: random.Random) -> None:
+    events = _rich_stream()
+    expected = _key(judge(*events))
+    # shuffle within each group of equal timestamps (the stream stays in time order)
+    groups: dict[int, list[Event]] = {}
+    for ev in events:
+        groups.setdefault(ev.ts, []).append(ev)
+    shuffled = []
+    for ts in sorted(groups):
+        g = groups[ts][:]
+        rnd.shuffle(g)
+        shuffled += g
+    assert _key(judge(*shuffled)) == expected
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 99), min_size=2, max_size=2))
+def test_samples_delayed_within_their_interval_give_the_same_verdicts(ms: list[int]) -> None:
+    events = _rich_stream()
+    expected = _key(judge(*events))
+    delayed = []
+    for ev, delay in zip(events, ms * len(events), strict=False):
+        if ev.KIND == "cg_sample":
+            ev = replace(ev, ts=ev.ts + delay * 1_000_000)  # within the 100 ms interval
+        delayed.append(ev)
+    delayed.sort(key=lambda e: e.ts)
+    assert _key(judge(*delayed)) == expected
+
+
+def test_state_is_bounded() -> None:
+    from tracer.analysis import evidence
+
+    a = Analyzer()
+    for pid in range(evidence.MAX_PIDS + 10):
         a.feed(sent(1.0, 1, pid + 1000))
-    assert a.evicted == 10
+    assert a.ev.evicted == 10

@@ -169,7 +169,7 @@ def record(
     if as_json:
         click.echo(_verdicts_json(result.verdicts, clock))
     else:
-        click.echo(verdict_table(result.verdicts, clock), nl=False)
+        click.echo(verdict_table(result.verdicts, clock, restarts=result.restarts), nl=False)
         click.echo(
             f"\ntrace written to {result.path} ({result.reason}); replay it with: "
             f"whyrestart replay {result.path}",
@@ -252,10 +252,10 @@ def tail(
 
     feed = PressureFeed(path_of)
 
-    def on_event(ev: Event, verdict: Verdict | None) -> None:
+    def on_event(ev: Event | None, verdicts: list[Verdict]) -> None:
         if not clock and rec.header is not None:
             clock.append(Clock(rec.header.started_ns, rec.header.clock_offset_ns))
-        show(feed.feed(ev, verdict))
+        show(feed.feed(ev, verdicts))
 
     rec = Recorder(None, targets, duration=duration, on_event=on_event)
     result = rec.run()
@@ -302,6 +302,7 @@ def replay(trace: str, as_json: bool, verdicts_only: bool, as_tail: bool) -> Non
         for ev in reader:
             show(feed.feed(ev, analyzer.feed(ev)))
             last = ev.ts
+        show(feed.feed(None, analyzer.finish()))
         show(feed.flush(last))
         for w in reader.warnings:
             click.echo(f"whyrestart: warning: {w}", err=True)
@@ -309,6 +310,7 @@ def replay(trace: str, as_json: bool, verdicts_only: bool, as_tail: bool) -> Non
     if as_json:
         for _ in fed():
             pass
+        analyzer.finish()
         click.echo(
             _dumps(
                 {
@@ -317,6 +319,7 @@ def replay(trace: str, as_json: bool, verdicts_only: bool, as_tail: bool) -> Non
                     "events": [e.to_record() for e in events if not isinstance(e, CgroupInfo)],
                     "cgroups": {str(k): v.path for k, v in analyzer.cgroups.items()},
                     "verdicts": [{**v.to_json(), "t": clock.rel(v.ts)} for v in analyzer.verdicts],
+                    "restarts": [r.to_json() for r in analyzer.restarts],
                     "warnings": reader.warnings,
                     "footer": reader.footer.to_record() if reader.footer else None,
                 }
@@ -330,9 +333,60 @@ def replay(trace: str, as_json: bool, verdicts_only: bool, as_tail: bool) -> Non
         for line in timeline(fed(), clock, path_of):
             click.echo(line)
         click.echo()
+    analyzer.finish()
     for w in reader.warnings:
         click.echo(f"whyrestart: warning: {w}", err=True)
-    click.echo(verdict_table(analyzer.verdicts, clock), nl=False)
+    click.echo(verdict_table(analyzer.verdicts, clock, restarts=analyzer.restarts), nl=False)
+
+
+# -- explain -------------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("trace", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Verdicts and restarts as JSON.")
+@click.option("--pid", "pids", type=int, multiple=True, help="Only this process (repeatable).")
+@click.option(
+    "--unit",
+    "units",
+    multiple=True,
+    help="Only this unit (container, service, command), as shown in the unit column (repeatable).",
+)
+@_friendly
+def explain(trace: str, as_json: bool, pids: tuple[int, ...], units: tuple[str, ...]) -> None:
+    """Why each watched process ended: the verdict table, then each verdict's evidence."""
+    from tracer.trace.reader import TraceReader
+
+    reader = TraceReader(trace)
+    clock = Clock(reader.header.started_ns, reader.header.clock_offset_ns)
+    analyzer = Analyzer()
+    analyzer.feed_all(reader)
+    verdicts = [
+        v
+        for v in analyzer.verdicts
+        if (not pids or v.pid in pids) and (not units or v.unit in units)
+    ]
+    restarts = [r for r in analyzer.restarts if not units or r.unit in units]
+    if (pids or units) and not verdicts:
+        raise UsageError(
+            "no verdict matches "
+            + " ".join([f"--pid {p}" for p in pids] + [f"--unit {u!r}" for u in units]),
+            "run `whyrestart explain FILE` to list every pid and unit",
+        )
+    for w in reader.warnings:
+        click.echo(f"whyrestart: warning: {w}", err=True)
+    if as_json:
+        click.echo(
+            _dumps(
+                {
+                    "schema": 1,
+                    "verdicts": [{**v.to_json(), "t": clock.rel(v.ts)} for v in verdicts],
+                    "restarts": [r.to_json() for r in restarts],
+                }
+            )
+        )
+    else:
+        click.echo(verdict_table(verdicts, clock, restarts=restarts), nl=False)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -26,7 +26,7 @@ from typing import Any
 import psutil
 
 from tracer import __version__
-from tracer.analysis.verdicts import Analyzer, Verdict
+from tracer.analysis.verdicts import Analyzer, Restart, Verdict
 from tracer.bpf import hooks, layout
 from tracer.bpf.decode import Decoder
 from tracer.bpf.libbpf import RingBuffer
@@ -81,6 +81,7 @@ class RecordResult:
     path: str | None
     header: TraceHeader
     verdicts: list[Verdict]
+    restarts: list[Restart]
     counts: dict[str, int]
     lost: int
     warnings: list[str]
@@ -138,7 +139,7 @@ class Recorder:
         *,
         duration: float | None = None,
         status: Callable[[str, bool], None] | None = None,
-        on_event: Callable[[Event, Verdict | None], None] | None = None,
+        on_event: Callable[[Event | None, list[Verdict]], None] | None = None,
         stall_threshold_ns: int = DEFAULT_STALL_THRESHOLD_NS,
     ) -> None:
         self.stall_threshold_ns = stall_threshold_ns
@@ -338,6 +339,9 @@ class Recorder:
             rb.free()
             if kmsg is not None:
                 kmsg.close()
+        final = self.analyzer.finish()
+        if self.on_event is not None and final:
+            self.on_event(None, final)
         if decoder.unknown or decoder.malformed:
             self.warnings.append(
                 f"{decoder.unknown} records of unknown type and "
@@ -364,6 +368,7 @@ class Recorder:
             path=self.output,
             header=header,
             verdicts=list(self.analyzer.verdicts),
+            restarts=self.analyzer.restarts,
             counts=dict(self._counts),
             lost=lost_seen,
             warnings=list(self.warnings),
@@ -435,9 +440,9 @@ class Recorder:
             writer.write_many(events)
         for ev in events:
             self._counts[ev.KIND] += 1
-            verdict = self.analyzer.feed(ev)
+            verdicts = self.analyzer.feed(ev)
             if self.on_event is not None:
-                self.on_event(ev, verdict)
+                self.on_event(ev, verdicts)
 
     def _track(self, events: Sequence[Event]) -> None:
         for ev in events:

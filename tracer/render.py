@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as _dt
 from collections.abc import Callable, Iterable
 
-from tracer.analysis.verdicts import Verdict, describe_status, fmt_bytes
+from tracer.analysis.verdicts import Restart, Verdict, describe_status, fmt_bytes
 from tracer.events import (
     SI_KERNEL,
     CgroupInfo,
@@ -122,29 +122,53 @@ def timeline(
             yield f"{clock.rel(ev.ts):>10}  {line}"
 
 
-def verdict_table(verdicts: list[Verdict], clock: Clock, evidence: bool = True) -> str:
+def _limit_peak(v: Verdict) -> str:
+    if v.limit_bytes is None and v.peak_bytes is None:
+        return "-"
+    return f"{fmt_bytes(v.peak_bytes)} / {fmt_bytes(v.limit_bytes)}"
+
+
+def verdict_table(
+    verdicts: list[Verdict],
+    clock: Clock,
+    evidence: bool = True,
+    restarts: list[Restart] | None = None,
+) -> str:
+    """The verdict table (time, unit, pid, cause, confidence, peak/limit), then each verdict's
+    summary, evidence chain, disagreements and advice, then the unit restarts."""
     if not verdicts:
         return "No process of the watched set exited: no verdicts.\n"
-    rows = [("time", "pid", "comm", "cause", "confidence", "what happened")]
+    header = ("time", "unit", "pid", "comm", "cause", "confidence", "peak/limit")
+    rows = [header]
     for v in verdicts:
-        rows.append((clock.rel(v.ts), str(v.pid), v.comm, v.cause, v.confidence, v.summary))
-    widths = [max(len(r[i]) for r in rows) for i in range(5)]
-    lines = []
-    for r in rows:
-        lines.append(
-            "  ".join(c.ljust(w) for c, w in zip(r[:5], widths, strict=True)) + "  " + r[5]
+        unit = (v.unit or "-") + ("" if v.main else " (child)")
+        rows.append(
+            (clock.rel(v.ts), unit, str(v.pid), v.comm, v.cause, v.confidence, _limit_peak(v))
         )
-    lines.insert(1, "  ".join("-" * w for w in widths) + "  " + "-" * 13)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
     out = "\n".join(lines) + "\n"
     if evidence:
         for v in verdicts:
-            if v.cause == "app_exit" and v.exit_code == 0:
-                continue
             out += f"\npid {v.pid} ({v.comm}): {v.cause}, {v.confidence} confidence\n"
+            out += f"  {v.summary}\n"
+            if v.breakdown:
+                parts = ", ".join(f"{k} {fmt_bytes(b)}" for k, b in v.breakdown)
+                out += f"  memory at the kill: {parts}\n"
+            if v.peak_ts is not None and v.peak_bytes is not None:
+                out += f"  peak usage {fmt_bytes(v.peak_bytes)} at {clock.rel(v.peak_ts)}\n"
             for ts, what in v.evidence:
                 out += f"  evidence {clock.rel(ts)}: {what}\n"
             for d in v.disagreements:
                 out += f"  disagrees: {d}\n"
             if v.advice:
                 out += f"  advice: {v.advice}\n"
+    if restarts:
+        out += "\nrestarts:\n"
+        for r in restarts:
+            out += (
+                f"  {clock.rel(r.ts)}  {r.unit}: pid {r.old_pid} -> pid {r.new_pid} after "
+                f"{r.downtime_ns / 1e9:.1f} s down ({r.cause})\n"
+            )
     return out

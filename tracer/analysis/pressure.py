@@ -10,7 +10,7 @@ runs the same code on a trace, so it shows exactly what ``tail`` showed.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tracer.analysis.verdicts import Verdict, fmt_bytes
@@ -70,19 +70,23 @@ class PressureFeed:
             return "the host"
         return self.cgroup_path(cgroup_id) or f"cgroup id {cgroup_id}"
 
-    def feed(self, ev: Event, verdict: Verdict | None = None) -> list[TailLine]:
-        out = self._close_windows(ev.ts)
-        if verdict is not None:
-            sev = INFO if verdict.cause == "app_exit" and verdict.exit_code == 0 else CRIT
+    def feed(self, ev: Event | None, verdicts: Sequence[Verdict] = ()) -> list[TailLine]:
+        """Lines for one event and for the verdicts that became final with it (``ev`` None:
+        verdicts reached at the end of the stream)."""
+        out = self._close_windows(ev.ts) if ev is not None else []
+        for v in verdicts:
+            sev = INFO if v.cause == "app_exit" and v.exit_code == 0 else CRIT
+            unit = f" [{v.unit}{'' if v.main else ', child'}]" if v.unit else ""
             out.append(
                 TailLine(
-                    ev.ts,
+                    v.ts,
                     sev,
-                    f"exit    pid {verdict.pid} ({verdict.comm}): "
-                    f"{verdict.cause} ({verdict.confidence}) - "
-                    f"{verdict.summary}",
+                    f"exit    pid {v.pid} ({v.comm}){unit}: {v.cause} "
+                    f"({v.confidence}) - {v.summary}",
                 )
             )
+        if ev is None:
+            pass
         elif isinstance(ev, OomKill):
             where = (
                 f"{self._name(ev.limit_cgroup_id)} at its limit {fmt_bytes(ev.limit_bytes)}"

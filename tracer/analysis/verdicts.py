@@ -1,28 +1,36 @@
-"""Events in, one verdict per process exit out. Pure: no clock, no files, no root.
+"""Events in, one verdict per process exit and one record per restart out. Pure: no clock, no
+files, no root.
 
 The same ``Analyzer`` runs live (fed by the recorder) and on replay (fed by the trace reader),
-so a recording and its replay give the same verdicts. It keeps only what later verdicts need:
-the names of cgroups, the OOM kills and fatal signals not yet matched with an exit.
+so a recording and its replay give the same verdicts. An exit is judged once the stream has
+moved ``SETTLE_NS`` past it (or at ``finish``), so evidence that is stamped at the same instant
+but arrives a little later (a kernel-log line, a sample) still counts: the verdict does not
+depend on the order of simultaneous events.
 
 Rules (DESIGN.md, "Verdicts"): exit status 137 alone is never a memory verdict. An OOM verdict
-needs an OOM kill of this very process (from BPF or from the kernel log) *and* a SIGKILL exit;
-the OOM killer's own SIGKILL (si_code SI_KERNEL, right after the kill) is part of that OOM, not
-a second "signal kill".
+needs an OOM kill of this very process (from BPF or the kernel log) *and* a SIGKILL exit; the
+OOM killer's own SIGKILL (si_code SI_KERNEL) is part of that OOM, not a second "signal kill".
+Confidence is high only when at least two independent sources agree beyond the exit status
+itself, medium with one, low with none; disagreements are listed, never hidden.
 """
 
 from __future__ import annotations
 
 import signal as _signal
-from collections import OrderedDict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from tracer.analysis import senders
+from tracer.analysis.evidence import HISTORY_NS, Evidence, PidEvidence, Proc
+from tracer.analysis.units import UnitName, unit_of_cgroup
 from tracer.events import (
     SI_KERNEL,
-    CgroupInfo,
+    CgroupSample,
     Event,
+    Exec,
     Exit,
+    Fork,
     KmsgOom,
     OomKill,
     Signal,
@@ -31,28 +39,36 @@ from tracer.events import (
 
 CGROUP_OOM = "cgroup_oom"
 GLOBAL_OOM = "global_oom"
+GPU_OOM = "gpu_oom"
+PROBE_KILL = "probe_kill"
 SIGNAL_KILL = "signal_kill"
+DEVICE_RESET = "device_reset"
 APP_EXIT = "app_exit"
 UNKNOWN = "unknown"
 
 HIGH, MEDIUM, LOW = "high", "medium", "low"
 
-Evidence = tuple[int, str]  # (timestamp of the event, what it says)
+SECOND = 1_000_000_000
+SETTLE_NS = 1 * SECOND  # how long after an exit late evidence may still arrive
+ALLOC_FAIL_WINDOW_NS = 10 * SECOND  # "an allocation failure preceded" the exit
+HEADROOM = 0.15
 
-# Bounded memory: pending OOM kills and signals are kept per pid, at most this many pids.
-MAX_PENDING = 4096
-# A signal or OOM kill this long before an exit is no longer its cause.
-MATCH_WINDOW_NS = 60 * 1_000_000_000
+Evidence_ = tuple[int, str]  # (timestamp of the event, what it says)
 
 
-def fmt_bytes(n: int | None) -> str:
+def fmt_bytes(n: int | float | None) -> str:
     if n is None:
         return "?"
+    value = float(n)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n = n / 1024  # type: ignore[assignment]
-    return f"{n} B"  # pragma: no cover
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value} B"  # pragma: no cover
+
+
+def fmt_duration(ns: int) -> str:
+    return f"{ns / 1e6:.0f} ms" if ns < SECOND else f"{ns / 1e9:.1f} s"
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,119 +84,270 @@ class Verdict:
     advice: str
     evidence: tuple[tuple[int, str], ...]  # (timestamp, what that event says), in time order
     disagreements: tuple[str, ...] = ()
+    unit: str | None = None
+    main: bool = True  # the unit's main process (its exit is a restart of the unit)
     exit_code: int | None = None
     signal: str | None = None
     sender_pid: int | None = None
     sender_comm: str | None = None
+    sender_role: str | None = None
     limit_cgroup: str | None = None
+    limit_scope: str | None = None  # "own" or "ancestor"
     limit_bytes: int | None = None
     usage_bytes: int | None = None
+    peak_bytes: int | None = None
+    peak_ts: int | None = None
+    breakdown: tuple[tuple[str, int], ...] = ()  # anon, file, shmem, file_mapped at the kill
+    stall_ns: int | None = None  # reclaim + throttling in the minute before
+    host_available: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "ts": self.ts,
-            "pid": self.pid,
-            "comm": self.comm,
-            "cause": self.cause,
-            "confidence": self.confidence,
-            "summary": self.summary,
-            "advice": self.advice,
-            "evidence": [{"ts": ts, "what": what} for ts, what in self.evidence],
-            "disagreements": list(self.disagreements),
-            "exit_code": self.exit_code,
-            "signal": self.signal,
-            "sender_pid": self.sender_pid,
-            "sender_comm": self.sender_comm,
-            "limit_cgroup": self.limit_cgroup,
-            "limit_bytes": self.limit_bytes,
-            "usage_bytes": self.usage_bytes,
-        }
+        out: dict[str, Any] = {}
+        for name in self.__slots__:
+            value = getattr(self, name)
+            if name == "evidence":
+                value = [{"ts": ts, "what": what} for ts, what in value]
+            elif name == "breakdown":
+                value = dict(value)
+            elif isinstance(value, tuple):
+                value = list(value)
+            out[name] = value
+        return out
 
 
-@dataclass
-class _Pending:
-    ooms: list[OomKill] = field(default_factory=list)
-    kmsg: list[KmsgOom] = field(default_factory=list)
-    signals: list[Signal] = field(default_factory=list)
+@dataclass(frozen=True, slots=True)
+class Restart:
+    """A unit's main process exited and a new one started in the same unit."""
+
+    ts: int  # the new main process's start
+    unit: str
+    old_pid: int
+    new_pid: int
+    downtime_ns: int
+    cause: str  # the old main process's verdict
+
+    def to_json(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__slots__}
 
 
 class Analyzer:
-    """Feed events in time order with ``feed``; each Exit returns its verdict."""
+    """Feed events in time order with ``feed``; call ``finish`` at the end of the stream."""
 
-    def __init__(self) -> None:
-        self.cgroups: dict[int, CgroupInfo] = {}
-        self._pending: OrderedDict[int, _Pending] = OrderedDict()
-        self.evicted = 0
+    def __init__(self, supervisor_pids: Iterable[int] = ()) -> None:
+        self.ev = Evidence()
+        self.supervisor_pids = frozenset(supervisor_pids)
         self.verdicts: list[Verdict] = []
+        self._pending: list[Exit] = []
+        self._units: dict[int, UnitName | None] = {}  # pid -> unit
+        self._ended: dict[str, tuple[int, int]] = {}  # unit key -> (main pid, exit ts)
+        self._links: list[tuple[int, str, int, int, int]] = []  # ts, unit, old, new, downtime
+        self._cause: dict[int, str] = {}  # pid -> cause of its last verdict
+        self._now = 0
 
-    def _slot(self, pid: int) -> _Pending:
-        slot = self._pending.get(pid)
-        if slot is None:
-            slot = self._pending[pid] = _Pending()
-            if len(self._pending) > MAX_PENDING:
-                self._pending.popitem(last=False)
-                self.evicted += 1
-        return slot
+    @property
+    def restarts(self) -> list[Restart]:
+        """Main-process exits followed by a new main process in the same unit."""
+        return [
+            Restart(
+                ts=ts,
+                unit=unit,
+                old_pid=old,
+                new_pid=new,
+                downtime_ns=down,
+                cause=self._cause.get(old, "pending"),
+            )
+            for ts, unit, old, new, down in self._links
+        ]
 
-    def feed(self, ev: Event) -> Verdict | None:
-        if isinstance(ev, CgroupInfo):
-            self.cgroups[ev.cgroup_id] = ev
-        elif isinstance(ev, OomKill):
-            self._slot(ev.victim_pid).ooms.append(ev)
-        elif isinstance(ev, KmsgOom):
-            self._slot(ev.victim_pid).kmsg.append(ev)
-        elif isinstance(ev, Signal):
-            self._slot(ev.target_pid).signals.append(ev)
-        elif isinstance(ev, Exit):
-            verdict = self._judge(ev, self._pending.pop(ev.pid, _Pending()))
-            self.verdicts.append(verdict)
-            return verdict
-        return None
+    @property
+    def cgroups(self) -> dict[int, Any]:
+        return self.ev.cgroups
+
+    def cgroup_path(self, cgroup_id: int) -> str | None:
+        return self.ev.path(cgroup_id)
+
+    # -- intake -----------------------------------------------------------------------------
+
+    def feed(self, ev: Event) -> list[Verdict]:
+        self._now = max(self._now, ev.ts)
+        self.ev.add(ev)
+        if isinstance(ev, Exec | Fork):
+            pid = ev.pid if isinstance(ev, Exec) else ev.child_pid
+            self._note_start(pid, ev.ts)
+        if isinstance(ev, Exit):
+            self._pending.append(ev)
+            proc = self.ev.proc(ev.pid)
+            unit = self._unit(ev.pid, proc)
+            if unit is not None and self._is_main(ev.pid, proc, unit):
+                self._ended[unit.key] = (ev.pid, ev.ts)
+        return self._judge_due(self._now - SETTLE_NS)
+
+    def finish(self) -> list[Verdict]:
+        return self._judge_due(None)
 
     def feed_all(self, events: Iterable[Event]) -> list[Verdict]:
         out = []
         for ev in events:
-            v = self.feed(ev)
-            if v is not None:
-                out.append(v)
+            out += self.feed(ev)
+        return out + self.finish()
+
+    def _judge_due(self, horizon: int | None) -> list[Verdict]:
+        due = [e for e in self._pending if horizon is None or e.ts <= horizon]
+        if not due:
+            return []
+        self._pending = [e for e in self._pending if e not in due]
+        out = []
+        for ex in sorted(due, key=lambda e: (e.ts, e.pid)):
+            v = self._judge(ex)
+            self.verdicts.append(v)
+            out.append(v)
+            self.ev.forget_pid(ex.pid, ex.ts)
+        if horizon is not None:
+            self.ev.prune(horizon)
         return out
 
-    # -- judging ---------------------------------------------------------------------------
+    # -- units and restarts -----------------------------------------------------------------
 
-    def cgroup_path(self, cgroup_id: int) -> str | None:
-        info = self.cgroups.get(cgroup_id)
-        return info.path if info else None
+    def _unit(self, pid: int, proc: Proc) -> UnitName | None:
+        if pid in self._units:
+            return self._units[pid]
+        unit = unit_of_cgroup(self.ev.path(proc.cgroup_id))
+        if unit is None or unit.kind == "cgroup":
+            # Not a container or service: the unit is the recorded command tree, named after
+            # its topmost known ancestor.
+            top, seen = proc, {pid}
+            while top.ppid and top.ppid in self.ev.procs and top.ppid not in seen:
+                seen.add(top.ppid)
+                top = self.ev.procs[top.ppid]
+            unit = UnitName("command", str(top.pid), f"{top.comm or '?'} (pid {top.pid})")
+        self._units[pid] = unit
+        return unit
 
-    def _judge(self, ex: Exit, p: _Pending) -> Verdict:
-        since = max(ex.start_ns, ex.ts - MATCH_WINDOW_NS)
-        ooms = [o for o in p.ooms if since <= o.ts <= ex.ts]
-        kmsg = [k for k in p.kmsg if since - 1_000_000_000 <= k.ts]
-        signals = [s for s in p.signals if since <= s.ts <= ex.ts]
+    def _is_main(self, pid: int, proc: Proc, unit: UnitName | None) -> bool:
+        if unit is None:
+            return True
+        parent = self.ev.procs.get(proc.ppid)
+        if parent is None:
+            return True
+        return self._unit(proc.ppid, parent) != unit
+
+    def _note_start(self, pid: int, ts: int) -> None:
+        proc = self.ev.proc(pid)
+        unit = self._unit(pid, proc)
+        if unit is None or not self._is_main(pid, proc, unit):
+            return
+        ended = self._ended.pop(unit.key, None)
+        if ended is not None and ended[0] != pid:
+            old_pid, old_ts = ended
+            self._links.append((ts, unit.label, old_pid, pid, ts - old_ts))
+
+    # -- judging ----------------------------------------------------------------------------
+
+    def _judge(self, ex: Exit) -> Verdict:
+        proc = self.ev.proc(ex.pid)
+        unit = self._unit(ex.pid, proc)
+        main = self._is_main(ex.pid, proc, unit)
+        pe = self.ev.by_pid.get(ex.pid) or PidEvidence()
+        since = max(ex.start_ns, ex.ts - HISTORY_NS)
+        end = ex.ts + SETTLE_NS
+        ooms = [o for o in pe.ooms if since <= o.ts <= end]
+        kmsg = [k for k in pe.kmsg if since - SECOND <= k.ts <= end]
+        signals = [s for s in pe.signals if since <= s.ts <= ex.ts]
         ws = ex.wait
         exit_ev = (ex.ts, describe_status(ex))
 
         if (ooms or kmsg) and ws.signal == _signal.SIGKILL:
-            return self._oom_verdict(ex, ooms, kmsg, signals, exit_ev)
-        if ws.signal is not None:
-            return self._signal_verdict(ex, signals, ooms or kmsg, exit_ev)
-        code = ws.code if ws.code is not None else -1
+            v = self._oom_verdict(ex, ooms, kmsg, signals, exit_ev)
+        elif ws.signal is not None:
+            v = self._signal_verdict(ex, signals, bool(ooms or kmsg), exit_ev)
+        else:
+            v = self._app_exit(ex, pe, bool(ooms or kmsg), exit_ev)
+        self._cause[ex.pid] = v.cause
+        return _replace(v, unit=unit.label if unit else None, main=main)
+
+    def _app_exit(self, ex: Exit, pe: PidEvidence, had_oom: bool, exit_ev: Evidence_) -> Verdict:
+        code = ex.wait.code if ex.wait.code is not None else -1
         disagree: tuple[str, ...] = ()
-        if ooms or kmsg:
+        if had_oom:
             disagree = ("an OOM kill was reported for this pid, yet it exited on its own",)
+        evidence = [exit_ev]
+        note = ""
+        if code != 0:
+            failures = self._alloc_failures(ex, pe)
+            if failures:
+                evidence = sorted([*failures, exit_ev])
+                note = "; memory allocation failures preceded it"
+        advice = ""
+        if code != 0:
+            advice = f"the application chose to exit: read its own log for why it returned {code}"
+            if note:
+                advice += (
+                    "; it ran out of memory it was allowed and handled it itself: raise "
+                    "the limit or lower its memory use"
+                )
         return Verdict(
             ts=ex.ts,
             pid=ex.pid,
             comm=ex.comm,
             cause=APP_EXIT,
             confidence=HIGH,
-            summary=f"exited on its own with code {code}",
-            advice=""
-            if code == 0
-            else f"the application chose to exit: read its own log for why it returned {code}",
-            evidence=(exit_ev,),
+            summary=f"exited on its own with code {code}{note}",
+            advice=advice,
+            evidence=tuple(evidence),
             disagreements=disagree,
             exit_code=code,
         )
+
+    def _alloc_failures(self, ex: Exit, pe: PidEvidence) -> list[Evidence_]:
+        """Signs that memory ran out shortly before an exit the process chose: the cgroup's
+        charge-failure counters rose, or the process stalled in reclaim."""
+        start = ex.ts - ALLOC_FAIL_WINDOW_NS
+        out: list[Evidence_] = []
+        for cid in self._ancestry(ex.cgroup_id):
+            samples = self.ev.samples_between(cid, start, ex.ts + SETTLE_NS)
+            if len(samples) < 2:
+                continue
+            first, last = samples[0], samples[-1]
+            path = last.path
+            if (
+                first.failcnt is not None
+                and last.failcnt is not None
+                and (last.failcnt > first.failcnt)
+            ):
+                out.append(
+                    (
+                        last.ts,
+                        f"memory.failcnt of {path} rose by "
+                        f"{last.failcnt - first.failcnt}: charges failed",
+                    )
+                )
+            for key in ("max", "oom"):
+                a, b = first.events.get(key), last.events.get(key)
+                if a is not None and b is not None and b > a:
+                    out.append((last.ts, f"memory.events {key} of {path} rose by {b - a}"))
+        stalls = [s for s in pe.stalls if start <= s.ts <= ex.ts]
+        if stalls:
+            total = sum(s.duration_ns for s in stalls)
+            out.append(
+                (
+                    stalls[-1].ts,
+                    f"{len(stalls)} long reclaim stalls ({total / 1e6:.0f} ms) of this process",
+                )
+            )
+        return out
+
+    def _ancestry(self, cgroup_id: int) -> list[int]:
+        path = self.ev.path(cgroup_id)
+        if path is None:
+            return [cgroup_id]
+        out = []
+        while True:
+            cid = self.ev.id_of_path(path)
+            if cid is not None:
+                out.append(cid)
+            if path == "/":
+                return out
+            path = path.rsplit("/", 1)[0] or "/"
 
     def _oom_verdict(
         self,
@@ -188,79 +355,115 @@ class Analyzer:
         ooms: list[OomKill],
         kmsg: list[KmsgOom],
         signals: list[Signal],
-        exit_ev: Evidence,
+        exit_ev: Evidence_,
     ) -> Verdict:
-        evidence: list[tuple[int, str]] = []
+        evidence: list[Evidence_] = []
         disagree: list[str] = []
         bpf = ooms[-1] if ooms else None
         km = kmsg[-1] if kmsg else None
-        memcg_votes = []
-        limit_path = None
+        votes: list[bool] = []
+        limit_path: str | None = None
+        limit_id = 0
         limit_bytes = usage = None
         if bpf is not None:
-            memcg_votes.append(bpf.memcg)
-            limit_path = self.cgroup_path(bpf.limit_cgroup_id) if bpf.limit_cgroup_id else None
+            votes.append(bpf.memcg)
+            limit_id = bpf.limit_cgroup_id if bpf.memcg else 0
+            limit_path = self.ev.path(limit_id) if limit_id else None
             if bpf.memcg:
                 limit_bytes, usage = bpf.limit_bytes or None, bpf.usage_bytes or None
-            where = f" in {limit_path}" if limit_path and bpf.memcg else ""
+            where = f" in {limit_path}" if limit_path else ""
             evidence.append(
                 (
                     bpf.ts,
-                    f"[{bpf.rung}] OOM killer chose pid "
-                    f"{bpf.victim_pid}, {'memcg' if bpf.memcg else 'global'}{where}",
+                    f"[{bpf.rung}] OOM killer chose pid {bpf.victim_pid}, "
+                    f"{'memcg' if bpf.memcg else 'global'}{where}",
                 )
             )
         if km is not None:
-            memcg_votes.append(km.memcg)
+            votes.append(km.memcg)
             if km.memcg and km.oom_memcg:
                 if limit_path is None:
                     limit_path = km.oom_memcg
+                    limit_id = self.ev.id_of_path(km.oom_memcg) or 0
                 elif limit_path != km.oom_memcg:
                     disagree.append(
                         f"kernel log names {km.oom_memcg} as the OOM cgroup, "
                         f"BPF found {limit_path} at its limit"
                     )
+            rss = f", anon-rss {km.anon_rss_kb} kB" if km.anon_rss_kb is not None else ""
             evidence.append(
                 (
                     km.ts,
                     f"kernel log: {km.constraint or 'OOM report'}"
                     + (f", oom_memcg={km.oom_memcg}" if km.oom_memcg else "")
-                    + (f", anon-rss {km.anon_rss_kb} kB" if km.anon_rss_kb else ""),
+                    + rss,
                 )
             )
-        oom_ts = min((o.ts for o in ooms), default=km.ts if km else ex.ts)
+        oom_ts = min([o.ts for o in ooms] + [k.ts for k in kmsg])
         for s in signals:
-            # __oom_kill_process() sends the SIGKILL just before mark_oom_victim(), so the
-            # signal may precede the OOM event by microseconds.
-            if s.sig == _signal.SIGKILL and s.si_code == SI_KERNEL and abs(s.ts - oom_ts) < 1e9:
+            # __oom_kill_process() sends the SIGKILL just before mark_oom_victim(): the signal
+            # may precede the OOM event by microseconds.
+            if s.sig == _signal.SIGKILL and s.si_code == SI_KERNEL and abs(s.ts - oom_ts) < SECOND:
                 evidence.append(
                     (s.ts, f"SIGKILL from the kernel (the OOM killer, running in {s.sender_comm})")
                 )
-        evidence.append(exit_ev)
-        memcg = any(memcg_votes)
-        if len(set(memcg_votes)) > 1:
+        memcg = any(votes)
+        if len(set(votes)) > 1:
             disagree.append("BPF and the kernel log disagree on memcg vs global constraint")
-        if limit_bytes is None and limit_path is not None:
-            info = next((c for c in self.cgroups.values() if c.path == limit_path), None)
+        sources = int(bpf is not None) + int(km is not None)
+
+        counter = self._oom_counter(limit_id or ex.cgroup_id, oom_ts) if memcg else None
+        if counter is not None:
+            evidence.append(counter)
+            sources += 1
+        evidence.append(exit_ev)
+        if limit_bytes is None and limit_id:
+            info = self.ev.cgroups.get(limit_id)
             limit_bytes = info.limit_bytes if info else None
-        sources = int(bpf is not None) + int(km is not None) + 1  # + the SIGKILL exit status
-        confidence = HIGH if sources >= 3 and not disagree else MEDIUM if sources >= 2 else LOW
+
+        # the picture around the kill
+        window = oom_ts - HISTORY_NS
+        peak = peak_ts = None
+        for smp in self.ev.samples_between(limit_id, window, oom_ts) if limit_id else []:
+            if smp.usage_bytes is not None and (peak is None or smp.usage_bytes > peak):
+                peak, peak_ts = smp.usage_bytes, smp.ts
+        if usage is not None and (peak is None or usage >= peak):
+            peak, peak_ts = usage, oom_ts
+        breakdown = self._breakdown(ex, km, oom_ts)
+        ancestry = self._ancestry(ex.cgroup_id)
+        stall = self.ev.stall_ns([*ancestry, limit_id], window, oom_ts) or None
+        host = self.ev.host_at(oom_ts)
+        host_avail = host.mem_available if host else None
+        scope = None
+        if limit_id:
+            scope = "own" if limit_id == ex.cgroup_id else "ancestor"
+
+        confidence = HIGH if sources >= 2 and not disagree else MEDIUM if sources >= 1 else LOW
+        if disagree and confidence == HIGH:
+            confidence = MEDIUM
         evidence.sort()
         if memcg:
             where = limit_path or "a memory cgroup"
+            whose = {"own": "its own cgroup", "ancestor": "the ancestor"}.get(scope or "", "")
             summary = f"OOM-killed: {where} hit its limit {fmt_bytes(limit_bytes)}" + (
-                f" (usage {fmt_bytes(usage)})" if usage else ""
+                f" ({whose})" if whose else ""
             )
+            if host_avail is not None:
+                summary += f"; the host had {fmt_bytes(host_avail)} available"
+            if stall:
+                summary += f"; {fmt_duration(stall)} of reclaim stalls in the minute before"
+            target = int((peak or limit_bytes or 0) * (1 + HEADROOM))
             advice = (
-                f"the limit on {where} ({fmt_bytes(limit_bytes)}) is too small for this "
-                "workload: raise it, or keep >= 15% headroom above the peak"
+                f"peak {fmt_bytes(peak)} vs effective limit {fmt_bytes(limit_bytes)} set "
+                f"on {where}: keep >= 15% headroom (>= {fmt_bytes(target)}) or raise "
+                f"{'the parent' if scope == 'ancestor' else 'that'} limit"
             )
             cause = CGROUP_OOM
         else:
             summary = "OOM-killed by the host's OOM killer: the whole machine ran out of memory"
             advice = (
-                "the host itself was exhausted: find the largest consumers, add memory, or "
-                "set per-service limits so one service cannot starve the rest"
+                "the host itself was exhausted: find the largest consumers, add memory, "
+                "or set per-service limits so one service cannot starve the rest"
             )
             cause = GLOBAL_OOM
         return Verdict(
@@ -275,12 +478,41 @@ class Analyzer:
             disagreements=tuple(disagree),
             signal="SIGKILL",
             limit_cgroup=limit_path if memcg else None,
+            limit_scope=scope if memcg else None,
             limit_bytes=limit_bytes if memcg else None,
             usage_bytes=usage if memcg else None,
+            peak_bytes=peak if memcg else None,
+            peak_ts=peak_ts if memcg else None,
+            breakdown=breakdown,
+            stall_ns=stall,
+            host_available=host_avail,
         )
 
+    def _oom_counter(self, cgroup_id: int, oom_ts: int) -> Evidence_ | None:
+        """memory.events oom_kill (v2) / memory.oom_control oom_kill (v1) rising across the
+        kill: a third, independent source."""
+        samples = self.ev.samples_between(cgroup_id, oom_ts - HISTORY_NS, oom_ts + SETTLE_NS)
+        before = [s for s in samples if s.ts < oom_ts and "oom_kill" in s.events]
+        after = [s for s in samples if s.ts >= oom_ts and "oom_kill" in s.events]
+        if before and after and after[-1].events["oom_kill"] > before[-1].events["oom_kill"]:
+            n = after[-1].events["oom_kill"] - before[-1].events["oom_kill"]
+            return (after[-1].ts, f"oom_kill counter of {after[-1].path} rose by {n}")
+        return None
+
+    def _breakdown(self, ex: Exit, km: KmsgOom | None, oom_ts: int) -> tuple[tuple[str, int], ...]:
+        last: CgroupSample | None = None
+        for s in self.ev.samples_between(ex.cgroup_id, oom_ts - 5 * SECOND, oom_ts):
+            last = s
+        if last is not None and last.stat:
+            keys = ("anon", "file", "shmem", "file_mapped")
+            return tuple((k, last.stat[k]) for k in keys if k in last.stat)
+        if km is not None:
+            pairs = (("anon", km.anon_rss_kb), ("file", km.file_rss_kb), ("shmem", km.shmem_rss_kb))
+            return tuple((k, v * 1024) for k, v in pairs if v is not None)
+        return ()
+
     def _signal_verdict(
-        self, ex: Exit, signals: list[Signal], had_oom: object, exit_ev: Evidence
+        self, ex: Exit, signals: list[Signal], had_oom: bool, exit_ev: Evidence_
     ) -> Verdict:
         ws = ex.wait
         assert ws.signal is not None
@@ -290,72 +522,112 @@ class Analyzer:
         disagree: tuple[str, ...] = ()
         if had_oom:
             disagree = (f"an OOM kill was reported for this pid, yet it died of {name}",)
-        sender = match[-1] if match else None
-        if sender is not None and sender.sender_pid == ex.pid and sender.si_code > 0:
-            # A fault the process raised itself (SIGSEGV, SIGBUS, SIGFPE...: si_code > 0 means
-            # the kernel generated it for a fault) or abort(): the application crashed.
+        if not match:
+            return Verdict(
+                ts=ex.ts,
+                pid=ex.pid,
+                comm=ex.comm,
+                cause=UNKNOWN,
+                confidence=LOW,
+                summary=f"killed by {name}{core}, but neither its sender nor an OOM kill was seen",
+                advice="record from before the exit with the signal hook attached "
+                "(whyrestart doctor); exit status alone does not tell who killed it",
+                evidence=(exit_ev,),
+                disagreements=(*disagree, "no signal event for this exit"),
+                signal=name,
+            )
+        last = match[-1]
+        who = senders.classify(
+            last.sender_comm,
+            last.sender_pid,
+            ex.pid,
+            kernel=last.si_code == SI_KERNEL,
+            supervisor_pids=self.supervisor_pids,
+        )
+        if who.role in (senders.ROLE_SELF, senders.ROLE_KERNEL):
+            # A fault the process raised itself (si_code > 0: SIGSEGV, SIGBUS, SIGFPE...) or
+            # abort(): the application crashed.
+            fault = last.si_code > 0 or who.role == senders.ROLE_KERNEL
             return Verdict(
                 ts=ex.ts,
                 pid=ex.pid,
                 comm=ex.comm,
                 cause=APP_EXIT,
                 confidence=HIGH,
-                summary=f"crashed with {name}{core}",
-                advice="the process faulted: look at its core dump or stack trace",
-                evidence=((sender.ts, f"{name} raised by the process itself"), exit_ev),
-                disagreements=disagree,
-                signal=name,
-            )
-        if sender is not None and sender.sender_pid == ex.pid:
-            return Verdict(
-                ts=ex.ts,
-                pid=ex.pid,
-                comm=ex.comm,
-                cause=APP_EXIT,
-                confidence=HIGH,
-                summary=f"killed itself with {name}{core} (e.g. abort())",
-                advice="the application aborted: read its own log for the reason",
-                evidence=((sender.ts, f"{name} sent by the process to itself"), exit_ev),
-                disagreements=disagree,
-                signal=name,
-            )
-        if sender is not None:
-            return Verdict(
-                ts=ex.ts,
-                pid=ex.pid,
-                comm=ex.comm,
-                cause=SIGNAL_KILL,
-                confidence=HIGH,
-                summary=f"killed by {name}{core} from pid {sender.sender_pid} "
-                f"({sender.sender_comm})",
-                advice=f"{sender.sender_comm} (pid {sender.sender_pid}) stopped it: check why "
-                "that sender acted (a redeploy, a stop, a manual kill, a watchdog)",
-                evidence=(
-                    (
-                        sender.ts,
-                        f"{name} from pid {sender.sender_pid} "
-                        f"({sender.sender_comm}) to pid {sender.target_pid}",
-                    ),
-                    exit_ev,
+                summary=(
+                    f"crashed with {name}{core}"
+                    if fault
+                    else f"killed itself with {name}{core} (e.g. abort())"
                 ),
+                advice=(
+                    "the process faulted: look at its core dump or stack trace"
+                    if fault
+                    else "the application aborted: read its own log for the reason"
+                ),
+                evidence=((last.ts, f"{name} raised by the process itself"), exit_ev),
                 disagreements=disagree,
                 signal=name,
-                sender_pid=sender.sender_pid,
-                sender_comm=sender.sender_comm,
+                sender_role=who.role,
+            )
+        evidence: list[Evidence_] = [
+            (s.ts, f"{signal_name(s.sig)} from pid {s.sender_pid} ({s.sender_comm})")
+            for s in signals
+            if s.sender_pid != ex.pid
+        ]
+        evidence.append(exit_ev)
+        # A stop: SIGTERM first, then SIGKILL from the same sender after the grace period.
+        term = [s for s in signals if s.sig == _signal.SIGTERM and s.sender_pid == last.sender_pid]
+        if ws.signal == _signal.SIGKILL and term:
+            grace = (last.ts - term[0].ts) / 1e9
+            how = f"SIGTERM, then SIGKILL {grace:.1f} s later (the stop grace period ran out)"
+        else:
+            how = f"{name}{core}"
+        if who.role == senders.ROLE_OOM_DAEMON:
+            summary = f"killed by {who.description} with {how}: memory pressure"
+            advice = (
+                "a user-space OOM killer acted on memory pressure before the kernel "
+                "would have: check its thresholds (PSI, free memory) and this "
+                "service's memory use"
+            )
+        elif who.role == senders.ROLE_KUBELET:
+            summary = f"killed by the kubelet with {how}"
+            advice = (
+                "the kubelet killed it: a failing liveness probe, an eviction or a pod "
+                "deletion; check `kubectl describe pod` events for which"
+            )
+        elif who.role == senders.ROLE_SUPERVISOR:
+            summary = f"stopped by {who.description} with {how}"
+            advice = (
+                "the supervisor stopped it (a stop, redeploy or restart policy): check "
+                "the supervisor's log for why"
+            )
+        else:
+            summary = f"killed by {how} from {who.description}"
+            advice = (
+                f"{last.sender_comm} (pid {last.sender_pid}) stopped it: check why that "
+                "sender acted (a redeploy, a stop, a manual kill, a watchdog)"
             )
         return Verdict(
             ts=ex.ts,
             pid=ex.pid,
             comm=ex.comm,
             cause=SIGNAL_KILL,
-            confidence=LOW,
-            summary=f"killed by {name}{core}; the sender was not seen",
-            advice="the signal's sender was not recorded (it was sent before recording began, "
-            "or the signal hook did not attach): record from before the restart",
-            evidence=(exit_ev,),
-            disagreements=(*disagree, "no signal event for this exit"),
+            confidence=HIGH,
+            summary=summary,
+            advice=advice,
+            evidence=tuple(sorted(evidence)),
+            disagreements=disagree,
             signal=name,
+            sender_pid=last.sender_pid,
+            sender_comm=last.sender_comm,
+            sender_role=who.role,
         )
+
+
+def _replace(v: Verdict, **changes: Any) -> Verdict:
+    fields = {name: getattr(v, name) for name in v.__slots__}
+    fields.update(changes)
+    return Verdict(**fields)
 
 
 def describe_status(ex: Exit) -> str:

@@ -1,0 +1,224 @@
+"""What the analysis remembers between events: a bounded, time-limited store of evidence per
+process, per cgroup and for the host. Pure: fed events, asked questions.
+
+Everything is kept for ``HISTORY_NS`` of stream time (a verdict looks at the minute before an
+exit) and capped in count, so a week-long recording of a busy host stays small. Evictions are
+counted, never silent.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from tracer.events import (
+    CgroupInfo,
+    CgroupSample,
+    EffectiveLimit,
+    Event,
+    Exec,
+    Exit,
+    Fork,
+    HostSample,
+    KmsgOom,
+    OomKill,
+    ProcessSample,
+    ReclaimStall,
+    ReclaimSummary,
+    Signal,
+)
+
+HISTORY_NS = 60 * 1_000_000_000
+MAX_PIDS = 8192
+MAX_CGROUPS = 1024
+MAX_SAMPLES_PER_CGROUP = 1200  # 60 s at the fast 50 ms interval
+
+
+@dataclass
+class Proc:
+    pid: int
+    comm: str = ""
+    ppid: int = 0
+    cgroup_id: int = 0
+    start_ts: int = 0
+    filename: str = ""
+
+
+@dataclass
+class PidEvidence:
+    ooms: list[OomKill] = field(default_factory=list)
+    kmsg: list[KmsgOom] = field(default_factory=list)
+    signals: list[Signal] = field(default_factory=list)  # fatal signals *to* this pid
+    stalls: list[ReclaimStall] = field(default_factory=list)
+    samples: deque[ProcessSample] = field(default_factory=lambda: deque(maxlen=64))
+
+
+@dataclass
+class CgroupEvidence:
+    samples: deque[CgroupSample] = field(
+        default_factory=lambda: deque(maxlen=MAX_SAMPLES_PER_CGROUP)
+    )
+    summaries: deque[ReclaimSummary] = field(default_factory=lambda: deque(maxlen=600))
+    limit: EffectiveLimit | None = None
+
+
+_T = TypeVar("_T")
+_E = TypeVar("_E", bound=Event)
+
+
+def _since(events: list[_E], horizon: int) -> list[_E]:
+    if not events or events[0].ts >= horizon:
+        return events
+    return [e for e in events if e.ts >= horizon]
+
+
+class Evidence:
+    def __init__(self) -> None:
+        self.cgroups: dict[int, CgroupInfo] = {}
+        self.procs: OrderedDict[int, Proc] = OrderedDict()
+        self.by_pid: OrderedDict[int, PidEvidence] = OrderedDict()
+        self.by_cgroup: OrderedDict[int, CgroupEvidence] = OrderedDict()
+        self.host: deque[HostSample] = deque(maxlen=1200)
+        self.evicted = 0
+
+    # -- bounded maps -----------------------------------------------------------------------
+
+    def _get(self, table: OrderedDict[int, _T], key: int, make: type[_T], cap: int) -> _T:
+        item = table.get(key)
+        if item is None:
+            item = table[key] = make()
+            if len(table) > cap:
+                table.popitem(last=False)
+                self.evicted += 1
+        else:
+            table.move_to_end(key)
+        return item
+
+    def pid(self, pid: int) -> PidEvidence:
+        return self._get(self.by_pid, pid, PidEvidence, MAX_PIDS)
+
+    def cgroup(self, cgroup_id: int) -> CgroupEvidence:
+        return self._get(self.by_cgroup, cgroup_id, CgroupEvidence, MAX_CGROUPS)
+
+    def proc(self, pid: int) -> Proc:
+        p = self.procs.get(pid)
+        if p is None:
+            p = self.procs[pid] = Proc(pid)
+            if len(self.procs) > MAX_PIDS:
+                self.procs.popitem(last=False)
+                self.evicted += 1
+        return p
+
+    # -- intake -----------------------------------------------------------------------------
+
+    def add(self, ev: Event) -> None:
+        if isinstance(ev, CgroupInfo):
+            self.cgroups[ev.cgroup_id] = ev
+        elif isinstance(ev, OomKill):
+            self.pid(ev.victim_pid).ooms.append(ev)
+        elif isinstance(ev, KmsgOom):
+            self.pid(ev.victim_pid).kmsg.append(ev)
+        elif isinstance(ev, Signal):
+            self.pid(ev.target_pid).signals.append(ev)
+        elif isinstance(ev, ReclaimStall):
+            self.pid(ev.pid).stalls.append(ev)
+        elif isinstance(ev, ReclaimSummary):
+            self.cgroup(ev.cgroup_id).summaries.append(ev)
+        elif isinstance(ev, CgroupSample):
+            self.cgroup(ev.cgroup_id).samples.append(ev)
+        elif isinstance(ev, EffectiveLimit):
+            self.cgroup(ev.cgroup_id).limit = ev
+        elif isinstance(ev, HostSample):
+            self.host.append(ev)
+        elif isinstance(ev, ProcessSample):
+            self.pid(ev.pid).samples.append(ev)
+        elif isinstance(ev, Fork):
+            parent = self.proc(ev.parent_pid)
+            if not parent.comm:
+                parent.comm, parent.cgroup_id = ev.comm, ev.cgroup_id
+            child = self.proc(ev.child_pid)
+            child.ppid, child.comm, child.cgroup_id = ev.parent_pid, ev.comm, ev.cgroup_id
+            child.start_ts = ev.ts
+        elif isinstance(ev, Exec):
+            p = self.proc(ev.pid)
+            p.comm, p.cgroup_id, p.filename = ev.comm, ev.cgroup_id, ev.filename
+            if not p.start_ts:
+                p.start_ts = ev.ts
+        elif isinstance(ev, Exit):
+            p = self.proc(ev.pid)
+            p.comm, p.ppid, p.cgroup_id = ev.comm, ev.ppid, ev.cgroup_id
+            p.start_ts = p.start_ts or ev.start_ns
+
+    def forget_pid(self, pid: int, until: int) -> None:
+        """Drop a pid's evidence up to ``until`` (its exit): what came later belongs to the
+        next process that reuses the pid."""
+        ev = self.by_pid.get(pid)
+        if ev is None:
+            return
+        ev.ooms = [e for e in ev.ooms if e.ts > until]
+        ev.kmsg = [e for e in ev.kmsg if e.ts > until]
+        ev.signals = [e for e in ev.signals if e.ts > until]
+        ev.stalls = [e for e in ev.stalls if e.ts > until]
+        if not (ev.ooms or ev.kmsg or ev.signals or ev.stalls):
+            del self.by_pid[pid]
+
+    def prune(self, now: int) -> None:
+        """Drop per-pid evidence older than the history window."""
+        horizon = now - HISTORY_NS
+        for ev in self.by_pid.values():
+            ev.ooms = _since(ev.ooms, horizon)
+            ev.kmsg = _since(ev.kmsg, horizon)
+            ev.signals = _since(ev.signals, horizon)
+            ev.stalls = _since(ev.stalls, horizon)
+
+    # -- questions --------------------------------------------------------------------------
+
+    def path(self, cgroup_id: int) -> str | None:
+        info = self.cgroups.get(cgroup_id)
+        return info.path if info else None
+
+    def id_of_path(self, path: str) -> int | None:
+        for cid, info in self.cgroups.items():
+            if info.path == path:
+                return cid
+        return None
+
+    def samples_between(self, cgroup_id: int, start: int, end: int) -> list[CgroupSample]:
+        ev = self.by_cgroup.get(cgroup_id)
+        if ev is None:
+            return []
+        return [s for s in ev.samples if start <= s.ts <= end]
+
+    def stall_ns(
+        self,
+        cgroup_ids: Iterable[int],
+        start: int,
+        end: int,
+        kinds: tuple[str, ...] = ("memcg", "direct", "high"),
+    ) -> int:
+        """Stall time aggregated in the kernel for these cgroups, over summaries whose interval
+        overlaps [start, end] (prorated: a summary covers [ts - interval, ts])."""
+        total = 0.0
+        for cid in set(cgroup_ids):
+            ev = self.by_cgroup.get(cid)
+            if ev is None:
+                continue
+            for s in ev.summaries:
+                if s.kind not in kinds:
+                    continue
+                lo, hi = s.ts - s.interval_ns, s.ts
+                overlap = min(hi, end) - max(lo, start)
+                if overlap > 0 and s.interval_ns > 0:
+                    total += s.total_ns * overlap / s.interval_ns
+        return int(total)
+
+    def host_at(self, ts: int) -> HostSample | None:
+        best = None
+        for h in self.host:
+            if h.ts <= ts:
+                best = h
+            else:
+                break
+        return best

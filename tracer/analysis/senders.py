@@ -1,0 +1,73 @@
+"""Who sent a fatal signal: a supervisor stopping its service, a user-space OOM killer, the
+kubelet, or someone else. Pure: decided from the sender's name and cgroup as recorded.
+
+The names are the process names (``comm``, at most 15 characters) these programs run as.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# User-space OOM killers act on memory pressure (PSI or free memory) before the kernel does.
+OOM_DAEMONS = ("systemd-oomd", "earlyoom", "oomd", "nohang", "low-memory-mon", "lmkd")
+# Runtimes and supervisors stop (SIGTERM, then SIGKILL after a grace period) and restart.
+SUPERVISORS = (
+    "systemd",
+    "init",
+    "conmon",
+    "containerd-shim",
+    "containerd-shim-runc-v2",
+    "runc",
+    "crun",
+    "dockerd",
+    "containerd",
+    "docker",
+    "podman",
+    "supervisord",
+    "s6-supervise",
+    "runsv",
+    "docker-init",
+    "tini",
+    "dumb-init",
+    "crio",
+    "conmon-rs",
+)
+KUBELET = ("kubelet",)
+
+ROLE_OOM_DAEMON = "oom_daemon"
+ROLE_SUPERVISOR = "supervisor"
+ROLE_KUBELET = "kubelet"
+ROLE_SELF = "self"
+ROLE_KERNEL = "kernel"
+ROLE_OTHER = "other"
+
+
+@dataclass(frozen=True, slots=True)
+class Sender:
+    role: str
+    description: str  # e.g. "systemd-oomd (a user-space OOM killer)"
+
+
+def _matches(comm: str, names: tuple[str, ...]) -> bool:
+    # comm is truncated to 15 characters by the kernel: compare on that length
+    return any(comm == n[:15] or comm.startswith(n[:15]) for n in names)
+
+
+def classify(
+    comm: str,
+    pid: int,
+    target_pid: int,
+    kernel: bool = False,
+    supervisor_pids: frozenset[int] = frozenset(),
+) -> Sender:
+    if kernel:
+        return Sender(ROLE_KERNEL, "the kernel")
+    if pid == target_pid:
+        return Sender(ROLE_SELF, "the process itself")
+    if _matches(comm, OOM_DAEMONS):
+        return Sender(ROLE_OOM_DAEMON, f"{comm} (a user-space OOM killer)")
+    if _matches(comm, KUBELET):
+        return Sender(ROLE_KUBELET, "the kubelet")
+    if pid in supervisor_pids or pid == 1 or _matches(comm, SUPERVISORS):
+        return Sender(ROLE_SUPERVISOR, f"{comm} (pid {pid}, a supervisor)")
+    return Sender(ROLE_OTHER, f"{comm} (pid {pid})")

@@ -1,0 +1,60 @@
+"""Units: what users restart (a container, a pod's container, a systemd unit, a recorded
+command), named from cgroup paths. Pure string work, tested on real paths.
+
+A unit's *main process* is the first process seen in it whose parent is outside it; when the
+main process exits and a new one starts in the same unit, that is a restart.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_HEX = r"[0-9a-f]{12,64}"
+_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    # Kubernetes: .../kubepods-burstable-pod<uid>.slice/cri-containerd-<id>.scope (systemd
+    # driver) or /kubepods/burstable/pod<uid>/<id> (cgroupfs driver)
+    (
+        "k8s",
+        re.compile(
+            rf"kubepods.*?pod([0-9a-f_-]{{36}})(?:\.slice)?/"
+            rf"(?:cri-containerd-|crio-|docker-)?({_HEX})(?:\.scope)?(?:/|$)"
+        ),
+    ),
+    ("podman", re.compile(rf"libpod-(?:conmon-)?({_HEX})\.scope")),
+    ("podman", re.compile(rf"/libpod_parent/libpod-({_HEX})")),
+    ("docker", re.compile(rf"docker-({_HEX})\.scope")),
+    ("docker", re.compile(rf"/docker/({_HEX})(?:/|$)")),
+    ("containerd", re.compile(rf"cri-containerd-({_HEX})\.scope")),
+    ("crio", re.compile(rf"crio-({_HEX})\.scope")),
+    ("systemd", re.compile(r"/([^/]+\.service)(?:/|$)")),
+    ("systemd", re.compile(r"/([^/]+\.scope)$")),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class UnitName:
+    kind: str  # k8s, podman, docker, containerd, crio, systemd, cgroup, command
+    key: str  # stable within one recording: container id, unit name, path
+    label: str  # what to show
+
+    def __str__(self) -> str:
+        return self.label
+
+
+def unit_of_cgroup(path: str | None) -> UnitName | None:
+    """The unit a memory-cgroup path belongs to, or None for the root / unknown paths."""
+    if not path or path == "/":
+        return None
+    for kind, pat in _PATTERNS:
+        m = pat.search(path)
+        if m is None:
+            continue
+        if kind == "k8s":
+            pod, cid = m.group(1).replace("_", "-"), m.group(2)
+            return UnitName(kind, cid, f"pod {pod[:8]} container {cid[:12]}")
+        ident = m.group(1)
+        if kind == "systemd":
+            return UnitName(kind, ident, ident)
+        return UnitName(kind, ident, f"{kind} {ident[:12]}")
+    return UnitName("cgroup", path, path)
