@@ -15,8 +15,11 @@ from tracer.events import (
     HostSample,
     KmsgOom,
     OomKill,
+    ProbeSample,
     ReclaimSummary,
+    RuntimeSample,
     Signal,
+    UnitInfo,
 )
 
 S = 1_000_000_000
@@ -201,3 +204,39 @@ def execd(at: float, pid: int, cg: int, comm: str = "app") -> Exec:
 
 def forked(at: float, parent: int, child: int, cg: int, comm: str = "app") -> Fork:
     return Fork(ts=t(at), parent_pid=parent, child_pid=child, comm=comm, cgroup_id=cg)
+
+
+def probe(
+    at: float,
+    ok: bool,
+    latency_ms: float = 5.0,
+    timed_out: bool = False,
+    unit: str = "",
+    target: str = "http://127.0.0.1:8080/health",
+) -> ProbeSample:
+    return ProbeSample(
+        ts=t(at),
+        target=target,
+        unit=unit,
+        latency_ns=int(latency_ms * 1e6),
+        ok=ok,
+        timed_out=timed_out,
+        status=200 if ok else None,
+        error="" if ok else "timed out",
+    )
+
+
+def unit_info(cg: int, kind: str, name: str, unit_id: str = "a" * 64) -> UnitInfo:
+    return UnitInfo(ts=0, cgroup_id=cg, kind=kind, unit_id=unit_id, name=name, pod="")
+
+
+def runtime(at: float, unit: str, count: int, source: str = "podman") -> RuntimeSample:
+    return RuntimeSample(
+        ts=t(at),
+        unit=unit,
+        source=source,
+        restart_count=count,
+        state="running",
+        exit_code=None,
+        oom_killed=False,
+    )

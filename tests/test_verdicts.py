@@ -23,10 +23,13 @@ from tests.streams import (
     kmsg,
     oom,
     oom_killer_sigkill,
+    probe,
     reclaim,
+    runtime,
     sample,
     sent,
     t,
+    unit_info,
 )
 from tracer.analysis.verdicts import Analyzer, Verdict
 from tracer.events import Event
@@ -385,3 +388,109 @@ def test_state_is_bounded() -> None:
     for pid in range(evidence.MAX_PIDS + 10):
         a.feed(sent(1.0, 1, pid + 1000))
     assert a.ev.evicted == 10
+
+
+# -- containers, supervisors, probes -------------------------------------------------------
+
+
+def container_stream(pid: int, at: float) -> list[Event]:
+    return [
+        cgroup(50, "/libpod_parent/libpod-" + "a" * 64, 64 * MiB),
+        unit_info(50, "podman", "model"),
+        execd(at, pid, 50, "llm"),
+    ]
+
+
+def test_container_units_are_named_by_the_runtime_and_restarts_linked() -> None:
+    a = Analyzer()
+    events = [
+        *container_stream(100, 0.0),
+        runtime(0.5, "podman model", 0),
+        oom(1.0, 100, limit_cgroup=50, victim_cg=50),
+        kmsg(1.0, 100),
+        killed(1.1, 100, signal.SIGKILL, cg=50),
+        execd(2.0, 200, 50, "llm"),
+        oom(3.0, 200, limit_cgroup=50, victim_cg=50),
+        killed(3.1, 200, signal.SIGKILL, cg=50),
+        execd(4.0, 300, 50, "llm"),
+        runtime(4.5, "podman model", 2),
+        exit_code(5.0, 300, 0, cg=50),
+    ]
+    verdicts = a.feed_all(events)
+    assert [(v.unit, v.cause) for v in verdicts] == [
+        ("podman model", "cgroup_oom"),
+        ("podman model", "cgroup_oom"),
+        ("podman model", "app_exit"),
+    ]
+    assert [(r.old_pid, r.new_pid, r.cause) for r in a.restarts] == [
+        (100, 200, "cgroup_oom"),
+        (200, 300, "cgroup_oom"),
+    ]
+    assert a.restart_counts() == [("podman model", 2, 2, "podman")]
+
+
+def test_a_restart_count_mismatch_shows() -> None:
+    a = Analyzer()
+    a.feed_all(
+        [
+            *container_stream(100, 0.0),
+            runtime(0.5, "podman model", 0),
+            runtime(5.0, "podman model", 3),
+        ]
+    )
+    assert a.restart_counts() == [("podman model", 0, 3, "podman")]
+
+
+def test_probe_kill_after_failing_probes_with_stall_context() -> None:
+    v = one(
+        *container_stream(100, 0.0),
+        probe(1.0, True),
+        probe(2.0, False, 1000, timed_out=True),
+        probe(3.0, False, 1000, timed_out=True),
+        reclaim(3.0, 50, total_s=1.5, count=80),
+        sent(3.5, 400, 100, signal.SIGKILL, comm="conmon"),
+        killed(3.5, 100, signal.SIGKILL, cg=50),
+    )
+    assert (v.cause, v.confidence, v.sender_role) == ("probe_kill", "high", "supervisor")
+    assert "timed out" in v.summary and "reclaim stalls" in v.summary
+    assert "raise the probe timeout" in v.advice
+    assert sum("probe" in what for _, what in v.evidence) == 3
+
+
+def test_a_stop_with_healthy_probes_is_a_signal_kill_by_the_supervisor() -> None:
+    v = one(
+        *container_stream(100, 0.0),
+        probe(1.0, True),
+        probe(2.0, True),
+        sent(3.0, 400, 100, signal.SIGTERM, comm="conmon"),
+        killed(3.0, 100, signal.SIGTERM, cg=50),
+    )
+    assert (v.cause, v.sender_role) == ("signal_kill", "supervisor")
+
+
+def test_a_manual_kill_during_failing_probes_is_not_a_probe_kill() -> None:
+    v = one(
+        *container_stream(100, 0.0),
+        probe(1.0, False),
+        probe(2.0, False),
+        sent(3.0, 400, 100, signal.SIGKILL, comm="bash"),
+        killed(3.0, 100, signal.SIGKILL, cg=50),
+    )
+    assert (v.cause, v.sender_role) == ("signal_kill", "other")
+
+
+def test_supervisord_programs_are_units_and_their_restarts_link() -> None:
+    a = Analyzer()
+    events: list[Event] = [
+        execd(0.0, 10, 10, "supervisord"),
+        forked(0.1, 10, 11, 10, "supervisord"),
+        execd(0.1, 11, 10, "worker"),
+        exit_code(1.0, 11, 2, cg=10, ppid=10),
+        forked(1.2, 10, 12, 10, "supervisord"),
+        execd(1.2, 12, 10, "worker"),
+    ]
+    [v] = a.feed_all(events)
+    assert (v.unit, v.main, v.cause) == ("worker under supervisord", True, "app_exit")
+    assert [(r.unit, r.old_pid, r.new_pid) for r in a.restarts] == [
+        ("worker under supervisord", 11, 12)
+    ]

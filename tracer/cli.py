@@ -169,7 +169,15 @@ def record(
     if as_json:
         click.echo(_verdicts_json(result.verdicts, clock))
     else:
-        click.echo(verdict_table(result.verdicts, clock, restarts=result.restarts), nl=False)
+        click.echo(
+            verdict_table(
+                result.verdicts,
+                clock,
+                restarts=result.restarts,
+                restart_counts=result.restart_counts,
+            ),
+            nl=False,
+        )
         click.echo(
             f"\ntrace written to {result.path} ({result.reason}); replay it with: "
             f"whyrestart replay {result.path}",
@@ -336,7 +344,15 @@ def replay(trace: str, as_json: bool, verdicts_only: bool, as_tail: bool) -> Non
     analyzer.finish()
     for w in reader.warnings:
         click.echo(f"whyrestart: warning: {w}", err=True)
-    click.echo(verdict_table(analyzer.verdicts, clock, restarts=analyzer.restarts), nl=False)
+    click.echo(
+        verdict_table(
+            analyzer.verdicts,
+            clock,
+            restarts=analyzer.restarts,
+            restart_counts=analyzer.restart_counts(),
+        ),
+        nl=False,
+    )
 
 
 # -- explain -------------------------------------------------------------------------------
@@ -386,7 +402,10 @@ def explain(trace: str, as_json: bool, pids: tuple[int, ...], units: tuple[str, 
             )
         )
     else:
-        click.echo(verdict_table(verdicts, clock, restarts=restarts), nl=False)
+        counts = [c for c in analyzer.restart_counts() if not units or c[0] in units]
+        click.echo(
+            verdict_table(verdicts, clock, restarts=restarts, restart_counts=counts), nl=False
+        )
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -311,6 +311,169 @@ class SampleError(Event):
     message: str
 
 
+# ---------------------------------------------------------------------------------------------
+# GPU: allocation failures caught at libcuda (uprobes), NVML samples, Xid and lost-GPU reports
+
+# CUresult values (cuda.h)
+CUDA_SUCCESS = 0
+CUDA_ERROR_OUT_OF_MEMORY = 2
+
+
+@dataclass(frozen=True, slots=True)
+class GpuAllocFailure(Event):
+    """A device allocation returned CUDA_ERROR_OUT_OF_MEMORY inside a watched process (a uretprobe
+    on the libcuda.so.1 it maps). NVML never sees these: the process was refused the memory."""
+
+    KIND: ClassVar[str] = "gpu_alloc_fail"
+    pid: int  # tgid
+    tid: int
+    comm: str
+    cgroup_id: int
+    function: str  # the driver entry point, e.g. cuMemAlloc_v2
+    requested_bytes: int
+    result: int  # the CUresult returned (2)
+    held_bytes: int  # device memory the process held through probed allocations before the call
+    peak_bytes: int  # high-water mark of held_bytes
+    failures: int  # failed allocations since the process's last success, this one included
+
+
+@dataclass(frozen=True, slots=True)
+class GpuOomRecovered(Event):
+    """The first successful device allocation after failures: a *recovered* GPU OOM (PyTorch and
+    XLA free their caches and retry). An event, never a verdict on its own."""
+
+    KIND: ClassVar[str] = "gpu_oom_recovered"
+    pid: int
+    tid: int
+    comm: str
+    cgroup_id: int
+    function: str
+    requested_bytes: int
+    held_bytes: int  # before this allocation
+    peak_bytes: int
+    failures: int  # failed allocations since the previous success
+
+
+@dataclass(frozen=True, slots=True)
+class GpuLibrary(Event):
+    """A watched process maps a CUDA driver library: it is a GPU user. Says which allocation
+    entry points were probed, so a trace shows what could and could not be caught."""
+
+    KIND: ClassVar[str] = "gpu_lib"
+    pid: int
+    path: str  # as the process maps it (inside its mount namespace)
+    probed: str  # comma-separated entry points with uprobes attached
+    missing: str  # comma-separated entry points this library does not export
+    error: str  # why probing failed ("" when it did not)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample(Event):
+    """One NVML reading of a device's memory (``nvmlDeviceGetMemoryInfo``, v2 where the driver
+    has it: ``reserved_bytes`` is None on v1)."""
+
+    KIND: ClassVar[str] = "gpu_sample"
+    index: int
+    uuid: str
+    name: str
+    total_bytes: int
+    used_bytes: int
+    free_bytes: int
+    reserved_bytes: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcessSample(Event):
+    """Device memory NVML attributes to one watched process on one device."""
+
+    KIND: ClassVar[str] = "gpu_proc_sample"
+    index: int  # device index
+    pid: int
+    used_bytes: int | None  # None: NVML says "not available"
+    kind: str  # "compute" or "graphics"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuXid(Event):
+    """An Xid error: from NVML's event set (no pid) or from the driver's kernel-log line
+    ``NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python3, GPU has fallen off the bus.``"""
+
+    KIND: ClassVar[str] = "gpu_xid"
+    xid: int
+    device: str  # PCI bus id (kernel log) or UUID (NVML); "" when unknown
+    device_index: int | None  # NVML index, when known
+    pid: int | None  # the process the driver names, when it names one
+    proc_name: str
+    message: str  # the rest of the driver's text
+    source: str  # "nvml" or "kmsg"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuLost(Event):
+    """A GPU stopped answering: NVML reports it lost or needing a reset, or the driver logged
+    that it fell off the bus."""
+
+    KIND: ClassVar[str] = "gpu_lost"
+    device: str
+    device_index: int | None
+    reason: str  # "gpu_is_lost", "reset_required", "fallen_off_bus"
+    source: str  # "nvml" or "kmsg"
+
+
+@dataclass(frozen=True, slots=True)
+class CgroupMkdir(Event):
+    """A cgroup was created in the tracked hierarchy while containers were being followed."""
+
+    KIND: ClassVar[str] = "cg_mkdir"
+    cgroup_id: int
+    path: str
+    level: int
+
+
+# ---------------------------------------------------------------------------------------------
+# Containers, supervisors and health probes
+
+
+@dataclass(frozen=True, slots=True)
+class UnitInfo(Event):
+    """What a cgroup is to its users: a container (with its runtime's name for it), a pod's
+    container, a systemd unit. Written once per cgroup id, when first named."""
+
+    KIND: ClassVar[str] = "unit"
+    cgroup_id: int
+    kind: str  # podman, docker, containerd, crio, k8s, systemd
+    unit_id: str  # container id / unit name
+    name: str  # the runtime's name for it ("" when no runtime answered)
+    pod: str  # "namespace/name" for Kubernetes, else ""
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeSample(Event):
+    """What a supervisor says about a unit: its restart count and its own exit claims."""
+
+    KIND: ClassVar[str] = "runtime"
+    unit: str  # the unit label, as UnitInfo names it
+    source: str  # podman, docker, systemd, kubernetes
+    restart_count: int | None
+    state: str
+    exit_code: int | None
+    oom_killed: bool | None  # the runtime's claim (podman 4.3 says False for real cgroup OOMs)
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeSample(Event):
+    """One health probe: ours (--probe) or a runtime's exec health check seen in the kernel."""
+
+    KIND: ClassVar[str] = "probe"
+    target: str  # the probe spec, or "healthcheck" for a runtime's exec check
+    unit: str  # the unit it checks ("" when not known)
+    latency_ns: int
+    ok: bool
+    timed_out: bool
+    status: int | None  # HTTP status or exit code
+    error: str
+
+
 KINDS: dict[str, type[Event]] = {
     cls.KIND: cls
     for cls in (
@@ -329,6 +492,17 @@ KINDS: dict[str, type[Event]] = {
         HostSample,
         ProcessSample,
         SampleError,
+        CgroupMkdir,
+        UnitInfo,
+        RuntimeSample,
+        ProbeSample,
+        GpuAllocFailure,
+        GpuOomRecovered,
+        GpuLibrary,
+        GpuSample,
+        GpuProcessSample,
+        GpuXid,
+        GpuLost,
     )
 }
 

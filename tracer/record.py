@@ -82,6 +82,7 @@ class RecordResult:
     header: TraceHeader
     verdicts: list[Verdict]
     restarts: list[Restart]
+    restart_counts: list[tuple[str, int, int | None, str]]
     counts: dict[str, int]
     lost: int
     warnings: list[str]
@@ -369,6 +370,7 @@ class Recorder:
             header=header,
             verdicts=list(self.analyzer.verdicts),
             restarts=self.analyzer.restarts,
+            restart_counts=self.analyzer.restart_counts(),
             counts=dict(self._counts),
             lost=lost_seen,
             warnings=list(self.warnings),

@@ -133,6 +133,7 @@ def verdict_table(
     clock: Clock,
     evidence: bool = True,
     restarts: list[Restart] | None = None,
+    restart_counts: list[tuple[str, int, int | None, str]] | None = None,
 ) -> str:
     """The verdict table (time, unit, pid, cause, confidence, peak/limit), then each verdict's
     summary, evidence chain, disagreements and advice, then the unit restarts."""
@@ -164,6 +165,11 @@ def verdict_table(
                 out += f"  disagrees: {d}\n"
             if v.advice:
                 out += f"  advice: {v.advice}\n"
+    for unit, ours, theirs, source in restart_counts or []:
+        if theirs is None:
+            continue
+        agree = "agrees" if theirs == ours else "DISAGREES: a restart one of us did not see"
+        out += f"\n{unit}: {source} counted {theirs} restarts, whyrestart linked {ours} ({agree})\n"
     if restarts:
         out += "\nrestarts:\n"
         for r in restarts:

@@ -24,10 +24,13 @@ from tracer.events import (
     HostSample,
     KmsgOom,
     OomKill,
+    ProbeSample,
     ProcessSample,
     ReclaimStall,
     ReclaimSummary,
+    RuntimeSample,
     Signal,
+    UnitInfo,
 )
 
 HISTORY_NS = 60 * 1_000_000_000
@@ -81,6 +84,9 @@ class Evidence:
         self.by_pid: OrderedDict[int, PidEvidence] = OrderedDict()
         self.by_cgroup: OrderedDict[int, CgroupEvidence] = OrderedDict()
         self.host: deque[HostSample] = deque(maxlen=1200)
+        self.units: dict[int, UnitInfo] = {}  # cgroup id -> what a runtime calls it
+        self.probes: deque[ProbeSample] = deque(maxlen=4096)
+        self.runtime: dict[str, list[RuntimeSample]] = {}  # unit label -> samples
         self.evicted = 0
 
     # -- bounded maps -----------------------------------------------------------------------
@@ -132,6 +138,12 @@ class Evidence:
             self.cgroup(ev.cgroup_id).limit = ev
         elif isinstance(ev, HostSample):
             self.host.append(ev)
+        elif isinstance(ev, UnitInfo):
+            self.units[ev.cgroup_id] = ev
+        elif isinstance(ev, ProbeSample):
+            self.probes.append(ev)
+        elif isinstance(ev, RuntimeSample):
+            self.runtime.setdefault(ev.unit, []).append(ev)
         elif isinstance(ev, ProcessSample):
             self.pid(ev.pid).samples.append(ev)
         elif isinstance(ev, Fork):
@@ -213,6 +225,18 @@ class Evidence:
                 if overlap > 0 and s.interval_ns > 0:
                     total += s.total_ns * overlap / s.interval_ns
         return int(total)
+
+    def probes_between(self, start: int, end: int, unit: str | None) -> list[ProbeSample]:
+        """Probes in [start, end] that check this unit (or whatever was recorded)."""
+        return [p for p in self.probes if start <= p.ts <= end and (not p.unit or p.unit == unit)]
+
+    def psi_peak(self, start: int, end: int) -> float | None:
+        values = [
+            h.psi_some_avg10
+            for h in self.host
+            if start <= h.ts <= end and h.psi_some_avg10 is not None
+        ]
+        return max(values) if values else None
 
     def host_at(self, ts: int) -> HostSample | None:
         best = None

@@ -71,3 +71,12 @@ def classify(
     if pid in supervisor_pids or pid == 1 or _matches(comm, SUPERVISORS):
         return Sender(ROLE_SUPERVISOR, f"{comm} (pid {pid}, a supervisor)")
     return Sender(ROLE_OTHER, f"{comm} (pid {pid})")
+
+
+# Supervisors that run programs as direct children and restart them (not container runtimes,
+# whose children are in their own cgroups and units).
+PROCESS_SUPERVISORS = ("supervisord", "s6-supervise", "runsv", "circusd", "pm2")
+
+
+def is_process_supervisor(comm: str) -> bool:
+    return _matches(comm, PROCESS_SUPERVISORS)

@@ -58,3 +58,19 @@ def unit_of_cgroup(path: str | None) -> UnitName | None:
             return UnitName(kind, ident, ident)
         return UnitName(kind, ident, f"{kind} {ident[:12]}")
     return UnitName("cgroup", path, path)
+
+
+def from_info(kind: str, unit_id: str, name: str, pod: str = "") -> UnitName:
+    """The unit a runtime named (UnitInfo): keyed by name, so a container recreated with a new
+    id on restart (docker, Kubernetes) stays the same unit."""
+    if pod:
+        return UnitName(kind, f"{kind}:{pod}/{name}", f"pod {pod} container {name}")
+    if name:
+        return UnitName(kind, f"{kind}:{name}", f"{kind} {name}")
+    return UnitName(kind, f"{kind}:{unit_id}", f"{kind} {unit_id[:12]}")
+
+
+def supervised(supervisor: str, supervisor_pid: int, program: str) -> UnitName:
+    """A program run by a process supervisor (supervisord, s6, runit): one unit per program."""
+    short = program.rsplit("/", 1)[-1]
+    return UnitName("supervised", f"{supervisor_pid}:{program}", f"{short} under {supervisor}")

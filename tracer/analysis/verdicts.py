@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from tracer.analysis import senders
+from tracer.analysis import senders, units
 from tracer.analysis.evidence import HISTORY_NS, Evidence, PidEvidence, Proc
 from tracer.analysis.units import UnitName, unit_of_cgroup
 from tracer.events import (
@@ -30,7 +30,6 @@ from tracer.events import (
     Event,
     Exec,
     Exit,
-    Fork,
     KmsgOom,
     OomKill,
     Signal,
@@ -171,9 +170,10 @@ class Analyzer:
     def feed(self, ev: Event) -> list[Verdict]:
         self._now = max(self._now, ev.ts)
         self.ev.add(ev)
-        if isinstance(ev, Exec | Fork):
-            pid = ev.pid if isinstance(ev, Exec) else ev.child_pid
-            self._note_start(pid, ev.ts)
+        if isinstance(ev, Exec):
+            # a process starts being what it is (and which unit it belongs to) at exec
+            self._units.pop(ev.pid, None)
+            self._note_start(ev.pid, ev.ts)
         if isinstance(ev, Exit):
             self._pending.append(ev)
             proc = self.ev.proc(ev.pid)
@@ -211,15 +211,25 @@ class Analyzer:
     def _unit(self, pid: int, proc: Proc) -> UnitName | None:
         if pid in self._units:
             return self._units[pid]
-        unit = unit_of_cgroup(self.ev.path(proc.cgroup_id))
+        info = self.ev.units.get(proc.cgroup_id)
+        unit = (
+            units.from_info(info.kind, info.unit_id, info.name, info.pod)
+            if info
+            else unit_of_cgroup(self.ev.path(proc.cgroup_id))
+        )
         if unit is None or unit.kind == "cgroup":
-            # Not a container or service: the unit is the recorded command tree, named after
-            # its topmost known ancestor.
-            top, seen = proc, {pid}
-            while top.ppid and top.ppid in self.ev.procs and top.ppid not in seen:
-                seen.add(top.ppid)
-                top = self.ev.procs[top.ppid]
-            unit = UnitName("command", str(top.pid), f"{top.comm or '?'} (pid {top.pid})")
+            parent = self.ev.procs.get(proc.ppid)
+            if parent is not None and proc.filename and senders.is_process_supervisor(parent.comm):
+                # a program run by supervisord & co.: its own unit, restarted by the supervisor
+                unit = units.supervised(parent.comm, parent.pid, proc.filename)
+            else:
+                # Not a container or service: the unit is the recorded command tree, named
+                # after its topmost known ancestor.
+                top, seen = proc, {pid}
+                while top.ppid and top.ppid in self.ev.procs and top.ppid not in seen:
+                    seen.add(top.ppid)
+                    top = self.ev.procs[top.ppid]
+                unit = UnitName("command", str(top.pid), f"{top.comm or '?'} (pid {top.pid})")
         self._units[pid] = unit
         return unit
 
@@ -259,7 +269,9 @@ class Analyzer:
         if (ooms or kmsg) and ws.signal == _signal.SIGKILL:
             v = self._oom_verdict(ex, ooms, kmsg, signals, exit_ev)
         elif ws.signal is not None:
-            v = self._signal_verdict(ex, signals, bool(ooms or kmsg), exit_ev)
+            v = self._signal_verdict(
+                ex, signals, bool(ooms or kmsg), exit_ev, unit.label if unit else None
+            )
         else:
             v = self._app_exit(ex, pe, bool(ooms or kmsg), exit_ev)
         self._cause[ex.pid] = v.cause
@@ -511,8 +523,118 @@ class Analyzer:
             return tuple((k, v * 1024) for k, v in pairs if v is not None)
         return ()
 
+    def _probe_kill(
+        self,
+        ex: Exit,
+        last: Signal,
+        who: senders.Sender,
+        how: str,
+        unit: str | None,
+        evidence: list[Evidence_],
+        disagree: tuple[str, ...],
+    ) -> Verdict | None:
+        start = last.ts - PROBE_WINDOW_NS
+        probes = self.ev.probes_between(max(start, ex.start_ns), last.ts, unit)
+        if not probes:
+            return None
+        recent = probes[-3:]
+        failing = [p for p in recent if not p.ok or p.timed_out]
+        if not failing:
+            return None
+        lat = ", ".join(
+            f"{p.latency_ns / 1e6:.0f} ms{' (timed out)' if p.timed_out else ''}"
+            f"{'' if p.ok else ' failed'}"
+            for p in recent
+        )
+        stall = self.ev.stall_ns(self._ancestry(ex.cgroup_id), start, last.ts)
+        psi = self.ev.psi_peak(start, last.ts)
+        ev = [
+            *evidence,
+            *(
+                (
+                    p.ts,
+                    f"probe {p.target}: {p.latency_ns / 1e6:.0f} ms, "
+                    + (
+                        "timed out"
+                        if p.timed_out
+                        else "ok"
+                        if p.ok
+                        else f"failed ({p.error or p.status})"
+                    ),
+                )
+                for p in recent
+            ),
+        ]
+        context = ""
+        if stall:
+            context += f"; {fmt_duration(stall)} of reclaim stalls in the minute before"
+        if psi is not None:
+            context += f"; memory PSI some peaked at {psi:.1f}%"
+        summary = (
+            f"killed by {who.description} with {how} after failing health probes "
+            f"(last: {lat}){context}"
+        )
+        if stall:
+            advice = (
+                f"the probe failed during {fmt_duration(stall)} of reclaim stalls: give the "
+                "service memory headroom and raise the probe timeout; don't hide real "
+                "hangs"
+            )
+        else:
+            advice = (
+                "the health probe failed and the supervisor killed it: find why the "
+                "service stopped answering (its log, a deadlock, CPU starvation) before "
+                "loosening the probe"
+            )
+        return Verdict(
+            ts=ex.ts,
+            pid=ex.pid,
+            comm=ex.comm,
+            cause=PROBE_KILL,
+            confidence=HIGH if len(failing) >= 2 else MEDIUM,
+            summary=summary,
+            advice=advice,
+            evidence=tuple(sorted(ev)),
+            disagreements=disagree,
+            signal=signal_name(last.sig),
+            sender_pid=last.sender_pid,
+            sender_comm=last.sender_comm,
+            sender_role=who.role,
+            stall_ns=stall or None,
+        )
+
+    # -- supervisors' own counts -------------------------------------------------------------
+
+    def restart_counts(self) -> list[tuple[str, int, int | None, str]]:
+        """Per unit: (unit, restarts whyrestart linked, restarts the supervisor counted over
+        the same recording, its name). A mismatch is worth a look: a restart we could not see,
+        or one the supervisor does not count."""
+        ours: dict[str, int] = {}
+        for r in self.restarts:
+            ours[r.unit] = ours.get(r.unit, 0) + 1
+        out = []
+        for unit in sorted(set(ours) | set(self.ev.runtime)):
+            samples = [x for x in self.ev.runtime.get(unit, []) if x.restart_count is not None]
+            theirs = None
+            source = ""
+            if samples:
+                first, lastx = samples[0], samples[-1]
+                assert first.restart_count is not None and lastx.restart_count is not None
+                # the supervisor's count before the recording: its first reading, less the
+                # restarts we saw before that reading
+                before = sum(1 for r in self.restarts if r.unit == unit and r.ts <= first.ts)
+                theirs = lastx.restart_count - (first.restart_count - before)
+                source = lastx.source
+            out.append((unit, ours.get(unit, 0), theirs, source))
+        return out
+
     def _signal_verdict(
-        self, ex: Exit, signals: list[Signal], had_oom: bool, exit_ev: Evidence_
+        self,
+        ex: Exit,
+        signals: list[Signal],
+        had_oom: bool,
+        exit_ev: Evidence_,
+        unit: str | None = None,
     ) -> Verdict:
         ws = ex.wait
         assert ws.signal is not None
@@ -582,6 +704,10 @@ class Analyzer:
             how = f"SIGTERM, then SIGKILL {grace:.1f} s later (the stop grace period ran out)"
         else:
             how = f"{name}{core}"
+        if who.role in (senders.ROLE_SUPERVISOR, senders.ROLE_KUBELET):
+            probe = self._probe_kill(ex, last, who, how, unit, evidence, disagree)
+            if probe is not None:
+                return probe
         if who.role == senders.ROLE_OOM_DAEMON:
             summary = f"killed by {who.description} with {how}: memory pressure"
             advice = (
@@ -622,6 +748,9 @@ class Analyzer:
             sender_comm=last.sender_comm,
             sender_role=who.role,
         )
+
+
+PROBE_WINDOW_NS = 60 * SECOND
 
 
 def _replace(v: Verdict, **changes: Any) -> Verdict:

@@ -30,6 +30,7 @@ LADDERS: dict[str, list[tuple[str, tuple[str, ...]]]] = {
     "oom_context": [("fentry", ("oom_fentry",)), ("kprobe", ("oom_kprobe",))],
     "fork": [("tp_btf", ("fork_btf",)), ("raw_tp", ("fork_raw",))],
     "exec": [("tp_btf", ("exec_btf",)), ("raw_tp", ("exec_raw",))],
+    "cgroup_mkdir": [("tp_btf", ("cgroup_mkdir_btf",)), ("raw_tp", ("cgroup_mkdir_raw",))],
     "memcg_reclaim": [
         ("fentry", ("memcg_reclaim_fentry", "memcg_reclaim_fexit")),
         ("kprobe", ("memcg_reclaim_kprobe", "memcg_reclaim_kretprobe")),
