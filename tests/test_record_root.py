@@ -188,3 +188,62 @@ def test_live_equals_replay(tmp_path: Path, parent_cgroup: str) -> None:
         [*wr, "replay", "--json", trace], capture_output=True, text=True, check=True
     )
     assert '"cause": "cgroup_oom"' in live_json.stdout
+
+
+RECLAIM_HOG = """
+import os
+# page cache of our own beyond the limit (reclaimable: the kernel reclaims and stalls us),
+# then anonymous memory until the OOM kill
+path = os.environ["WR_SCRATCH"]
+with open(path, "wb") as f:
+    for _ in range(96):
+        f.write(os.urandom(1 << 20))
+for _ in range(2):
+    with open(path, "rb") as f:
+        while f.read(1 << 20):
+            pass
+os.unlink(path)
+chunks = []
+while True:
+    chunks.append(b"x" * (1 << 20))
+"""
+
+
+def test_pressure_then_oom_in_one_trace_in_time_order(
+    tmp_path: Path, parent_cgroup: str, layout: CgroupLayout, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tracer.events import CgroupSample, EffectiveLimit, ReclaimSummary
+
+    # scratch on disk (not tmpfs) so that its page cache is reclaimable
+    scratch = Path("/var/tmp") / f"wr-test-scratch-{os.getpid()}"
+    monkeypatch.setenv("WR_SCRATCH", str(scratch))
+    try:
+        with ChildCgroup(
+            parent_cgroup, f"wr-test-pressure-{os.getpid()}", 48 * MiB, layout=layout
+        ) as outer, ChildCgroup(outer.path, "svc", 512 * MiB, layout=layout) as inner:
+            res = record(tmp_path, in_cgroup(inner, sys.executable, "-c", RECLAIM_HOG))
+            inner_path, outer_path = inner.path, outer.path
+    finally:
+        scratch.unlink(missing_ok=True)
+    events = events_of(res.path)
+    assert [e.ts for e in events] == sorted(e.ts for e in events)  # type: ignore[attr-defined]
+    [oom] = [e for e in events if isinstance(e, OomKill)]
+    ids = {e.path: e.cgroup_id for e in events if isinstance(e, CgroupSample)}
+    # reclaim with real durations, charged to the cgroup at its limit: the outer one
+    summaries = [e for e in events if isinstance(e, ReclaimSummary) and e.kind == "memcg"]
+    assert sum(s.count for s in summaries) > 0
+    assert all(s.cgroup_id == ids[outer_path] for s in summaries)
+    assert sum(s.total_ns for s in summaries) > 0
+    # usage samples of the outer cgroup approach its limit before the kill
+    before = [
+        e
+        for e in events
+        if isinstance(e, CgroupSample) and e.path == outer_path and e.ts < oom.ts and e.usage_bytes
+    ]
+    assert before and max(e.usage_bytes or 0 for e in before) > 40 * MiB
+    # the effective limit of the inner cgroup is the outer's
+    limits = [e for e in events if isinstance(e, EffectiveLimit) and e.path == inner_path]
+    assert limits and (limits[0].limit_bytes, limits[0].set_by) == (48 * MiB, outer_path)
+    [v] = res.verdicts
+    assert (v.cause, v.limit_cgroup, v.limit_scope) == ("cgroup_oom", outer_path, "ancestor")
+    assert v.stall_ns and v.host_available

@@ -32,10 +32,14 @@ from tracer.bpf.decode import Decoder
 from tracer.bpf.libbpf import RingBuffer
 from tracer.errors import KernelUnsupported, OutputError, PermissionProblem, UsageError
 from tracer.events import (
+    CgroupSample,
+    EffectiveLimit,
     Event,
     Exec,
     Exit,
     Fork,
+    GpuAllocFailure,
+    GpuOomRecovered,
     KmsgOom,
     Lost,
     OomKill,
@@ -43,11 +47,13 @@ from tracer.events import (
     ReclaimSummary,
     Signal,
 )
+from tracer.gpu.side import GpuSide
 from tracer.merge import Reorder
 from tracer.parse.kmsg import OomAssembler
 from tracer.sources import system
 from tracer.sources.cgroupfs import CgroupLayout, CgroupResolver
 from tracer.sources.kmsg import KmsgReader, monotonic_to_boottime_offset_ns, record_ts_ns
+from tracer.sources.samplers import DEFAULT_INTERVAL_NS, SamplerSet
 from tracer.spawn import GatedChild
 from tracer.trace.format import SCHEMA_VERSION, TraceFooter, TraceHeader
 from tracer.trace.writer import TraceWriter
@@ -142,7 +148,9 @@ class Recorder:
         status: Callable[[str, bool], None] | None = None,
         on_event: Callable[[Event | None, list[Verdict]], None] | None = None,
         stall_threshold_ns: int = DEFAULT_STALL_THRESHOLD_NS,
+        sample_interval_ns: int = DEFAULT_INTERVAL_NS,
     ) -> None:
+        self.sample_interval_ns = sample_interval_ns
         self.stall_threshold_ns = stall_threshold_ns
         self.output = output
         self.targets = targets
@@ -156,6 +164,7 @@ class Recorder:
         self.analyzer = Analyzer()
         self._named: set[int] = {0}
         self._known_pids: set[int] = set()
+        self._sampled_ids: set[int] = set()
         self._pids_alive: set[int] = set(targets.pids)
         self._watched_cgroup_paths: list[str] = []
         self._page_size = os.sysconf("SC_PAGE_SIZE")
@@ -255,6 +264,15 @@ class Recorder:
         for pid in self.targets.pids:
             self._seed_pid(probe, pid)
 
+        samplers = SamplerSet(cg_layout, resolver, interval_ns=self.sample_interval_ns)
+        for path in self.targets.cgroups:
+            samplers.watch_cgroup(path)
+        for pid in self._known_pids:
+            samplers.watch_pid(pid)
+        # GPU evidence (tracer/gpu/side.py): its own BPF object and NVML, never fatal.
+        gpu = GpuSide(filter_all=self.targets.all, memcg_v1=cg_layout.memory_version == 1)
+        gpu.watch(self._known_pids)
+        rungs["gpu_alloc"] = gpu.rung
         rb = RingBuffer(probe.events)
         decoder = Decoder(page_size=os.sysconf("SC_PAGE_SIZE"))
         assembler = OomAssembler()
@@ -274,6 +292,7 @@ class Recorder:
                 "hook_failures": attached.failures,
                 "page_size": decoder.page_size,
                 "libbpf": system.libbpf_version(),
+                "gpu": gpu.describe(),
             },
         )
         self.header = header
@@ -290,16 +309,19 @@ class Recorder:
         try:
             if self.targets.command:
                 child = self._start_command(probe)
+                samplers.watch_pid(child.pid)
+                gpu.watch([child.pid])
             while True:
                 events = decoder.decode_batch(rb.drain(POLL_MS))
                 if kmsg is not None:
                     for rec in kmsg.read_available():
+                        rec_ts = record_ts_ns(rec, kmsg_offset)
                         events.extend(
-                            k
-                            for k in assembler.feed(rec, record_ts_ns(rec, kmsg_offset))
-                            if self._wants_kmsg(k)
+                            k for k in assembler.feed(rec, rec_ts) if self._wants_kmsg(k)
                         )
+                        events.extend(gpu.from_kmsg(rec, rec_ts))
                 now_ns = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+                events.extend(gpu.poll(now_ns))
                 if now_ns >= next_reclaim_ns:
                     events.extend(self._reclaim_summaries(probe, now_ns))
                     next_reclaim_ns = now_ns + RECLAIM_DRAIN_NS
@@ -307,7 +329,9 @@ class Recorder:
                 if lost > lost_seen:
                     events.append(Lost(ts=now_ns, count=lost - lost_seen))
                     lost_seen = lost
-                self._track(events)
+                self._track(events, samplers, resolver)
+                gpu.track(events)
+                events.extend(samplers.due(now_ns))
                 reorder.push(self._name_cgroups(events, resolver))
                 self._emit(reorder.pop_ready(now_ns), writer)
 
@@ -324,10 +348,11 @@ class Recorder:
                     break
             # final drain: whatever is still in flight
             events = decoder.decode_batch(rb.drain(0))
+            events.extend(gpu.poll(time.clock_gettime_ns(time.CLOCK_BOOTTIME), final=True))
+            self._track(events, samplers, resolver)
             events.extend(
                 self._reclaim_summaries(probe, time.clock_gettime_ns(time.CLOCK_BOOTTIME))
             )
-            self._track(events)
             reorder.push(self._name_cgroups(events, resolver))
             self._emit(reorder.flush(), writer)
             lost = probe.lost_count()
@@ -335,11 +360,31 @@ class Recorder:
                 ev = Lost(ts=time.clock_gettime_ns(time.CLOCK_BOOTTIME), count=lost - lost_seen)
                 self._emit([ev], writer)
                 lost_seen = lost
+        except BaseException as exc:
+            # Whatever went wrong, what was recorded stays replayable and says why it ended.
+            if writer is not None and not writer.closed:
+                reason = (
+                    f"failed: {exc}" if not isinstance(exc, KeyboardInterrupt) else ("interrupted")
+                )
+                with contextlib.suppress(Exception):
+                    writer.close(
+                        TraceFooter(
+                            ended_ns=time.clock_gettime_ns(time.CLOCK_BOOTTIME),
+                            counts=dict(self._counts),
+                            lost=lost_seen,
+                            warnings=[*self.warnings, reason],
+                            exit=reason,
+                        )
+                    )
+            raise
         finally:
             self._restore_signal_handlers(prev_handlers)
             rb.free()
+            samplers.close()
             if kmsg is not None:
                 kmsg.close()
+            gpu.close()
+            self.warnings.extend(gpu.warnings)
         final = self.analyzer.finish()
         if self.on_event is not None and final:
             self.on_event(None, final)
@@ -446,15 +491,35 @@ class Recorder:
             if self.on_event is not None:
                 self.on_event(ev, verdicts)
 
-    def _track(self, events: Sequence[Event]) -> None:
+    def _track(
+        self, events: Sequence[Event], samplers: SamplerSet, resolver: CgroupResolver
+    ) -> None:
+        """Follow the watched set: which pids and cgroups the samplers read."""
         for ev in events:
             if isinstance(ev, Exit):
                 # the exit event, not the pid's absence: a zombie nobody reaps still "exists"
                 self._pids_alive.discard(ev.pid)
+                samplers.unwatch_pid(ev.pid)
             elif isinstance(ev, Fork):
                 self._known_pids.add(ev.child_pid)
+                samplers.watch_pid(ev.child_pid)
             elif isinstance(ev, Exec):
                 self._known_pids.add(ev.pid)
+                samplers.watch_pid(ev.pid)
+                self._sample_cgroup(ev.cgroup_id, samplers, resolver)
+            elif isinstance(ev, OomKill) and ev.limit_cgroup_id:
+                self._sample_cgroup(ev.limit_cgroup_id, samplers, resolver)
+
+    def _sample_cgroup(
+        self, cgroup_id: int, samplers: SamplerSet, resolver: CgroupResolver
+    ) -> None:
+        if cgroup_id in self._sampled_ids:
+            return
+        self._sampled_ids.add(cgroup_id)
+        path = resolver.path_of(cgroup_id)
+        if path is not None:
+            with contextlib.suppress(UsageError):  # gone already: nothing to sample
+                samplers.watch_cgroup(path)
 
     def _wants_kmsg(self, k: KmsgOom) -> bool:
         if self.targets.all or k.victim_pid in self._known_pids:
@@ -508,7 +573,7 @@ class Recorder:
 
 
 def _cgroup_ids(ev: Event) -> tuple[int, ...]:
-    if isinstance(ev, Exit | Fork | Exec):
+    if isinstance(ev, Exit | Fork | Exec | GpuAllocFailure | GpuOomRecovered):
         return (ev.cgroup_id,)
     if isinstance(ev, Signal):
         return (ev.sender_cgroup_id,)
@@ -516,7 +581,7 @@ def _cgroup_ids(ev: Event) -> tuple[int, ...]:
         return (ev.victim_cgroup_id, ev.limit_cgroup_id)
     if isinstance(ev, ReclaimStall):
         return (ev.cgroup_id, ev.task_cgroup_id)
-    if isinstance(ev, ReclaimSummary):
+    if isinstance(ev, ReclaimSummary | CgroupSample | EffectiveLimit):
         return (ev.cgroup_id,)
     return ()
 

@@ -24,7 +24,7 @@ Files and their shapes::
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 __all__ = [
@@ -35,6 +35,7 @@ __all__ = [
     "parse_oom_control",
     "parse_pressure",
     "parse_proc_status",
+    "parse_stat",
     "parse_uint",
     "proc_status_state",
 ]
@@ -54,8 +55,47 @@ def parse_uint(text: str) -> int | None:
     return int(s)
 
 
+def _line_after(text: str, prefix: str) -> str | None:
+    """The rest of the first line that starts with ``prefix``, or None.
+
+    Why: a sampler needs 4 to 20 keys of a file of 40 to 60 lines, and looking each one up
+    with ``str.find`` (in C) costs a fraction of a Python loop over every line (about 10 µs
+    against 40 µs for /proc/meminfo on the development VMs).
+    """
+    if text.startswith(prefix):
+        start = len(prefix)
+    else:
+        i = text.find("\n" + prefix)
+        if i < 0:
+            return None
+        start = i + 1 + len(prefix)
+    end = text.find("\n", start)
+    return text[start:] if end < 0 else text[start:end]
+
+
 # ---------------------------------------------------------------------------------------------
 # /proc/meminfo and /proc/PID/status: "Key:   value [kB]"
+
+
+def _kb_value(rest: str, *, counts: bool) -> int | None:
+    parts = rest.split()
+    if len(parts) == 2 and parts[1] == "kB":
+        n = parse_uint(parts[0])
+        return None if n is None else n * 1024
+    if counts and len(parts) == 1:
+        return parse_uint(parts[0])
+    return None
+
+
+def _kb_keys(text: str, keys: Iterable[str], *, counts: bool) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for key in keys:
+        rest = _line_after(text, key + ":")
+        if rest is not None:
+            value = _kb_value(rest, counts=counts)
+            if value is not None:
+                out[key] = value
+    return out
 
 
 def _kb_lines(text: str, *, counts: bool) -> dict[str, int]:
@@ -65,47 +105,46 @@ def _kb_lines(text: str, *, counts: bool) -> dict[str, int]:
         key, sep, rest = line.partition(":")
         if not sep or not key or key != key.strip():
             continue
-        parts = rest.split()
-        if len(parts) == 2 and parts[1] == "kB":
-            n = parse_uint(parts[0])
-            if n is not None:
-                out[key] = n * 1024
-        elif counts and len(parts) == 1:
-            n = parse_uint(parts[0])
-            if n is not None:
-                out[key] = n
+        value = _kb_value(rest, counts=counts)
+        if value is not None:
+            out[key] = value
     return out
 
 
-def parse_meminfo(text: str) -> dict[str, int]:
-    """``/proc/meminfo`` → ``{"MemTotal": bytes, ...}``.
+def parse_meminfo(text: str, keys: Iterable[str] | None = None) -> dict[str, int]:
+    """``/proc/meminfo`` → ``{"MemTotal": bytes, ...}``: every line, or only ``keys``.
 
     ``kB`` values are converted to bytes (the kernel's "kB" is KiB). The few unit-less lines
     (``HugePages_Total: 0``, page counts) are kept as the plain numbers they are. Keys keep the
-    kernel's spelling (``Active(anon)``). ``MemAvailable`` is absent before Linux 3.14.
+    kernel's spelling (``Active(anon)``). ``MemAvailable`` is absent before Linux 3.14. With
+    ``keys`` each is looked up directly (the first line that has it), which is much cheaper
+    than parsing the whole file.
     """
+    if keys is not None:
+        return _kb_keys(text, keys, counts=True)
     return _kb_lines(text, counts=True)
 
 
-def parse_proc_status(text: str) -> dict[str, int]:
+def parse_proc_status(text: str, keys: Iterable[str] | None = None) -> dict[str, int]:
     """The ``kB`` fields of ``/proc/PID/status`` in bytes (``{"RssAnon": ..., "VmSwap": ...}``).
 
     Only lines with a ``kB`` unit are kept (VmPeak, VmRSS, RssAnon, RssFile, RssShmem, VmSwap,
-    HugetlbPages...). A kernel thread or a zombie prints none of the Vm*/Rss* lines, and
-    RssAnon/RssFile/RssShmem exist only since Linux 4.5: absent keys, not errors.
+    HugetlbPages...); with ``keys``, only those (looked up directly). A kernel thread or a
+    zombie prints none of the Vm*/Rss* lines, and RssAnon/RssFile/RssShmem exist only since
+    Linux 4.5: absent keys, not errors.
     """
+    if keys is not None:
+        return _kb_keys(text, keys, counts=False)
     return _kb_lines(text, counts=False)
 
 
 def proc_status_state(text: str) -> str | None:
     """The one-letter process state from ``/proc/PID/status`` (``"R"``, ``"S"``, ``"Z"``...)."""
-    for line in text.splitlines():
-        if line.startswith("State:"):
-            parts = line[6:].split()
-            if parts and len(parts[0]) == 1:
-                return parts[0]
-            return None
-    return None
+    rest = _line_after(text, "State:")
+    if rest is None:
+        return None
+    parts = rest.split()
+    return parts[0] if parts and len(parts[0]) == 1 else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -273,10 +312,51 @@ def normalize_stat(raw: Mapping[str, int], version: int) -> dict[str, int]:
         return out
     if version != 1:
         return out
-    for key in (*_V1_TO_V2, *sorted(_V1_SAME)):
+    for key in _V1_KEYS:
         value = raw.get("total_" + key)
         if not isinstance(value, int):
             value = raw.get(key)
         if isinstance(value, int):
             out[_V1_TO_V2.get(key, key)] = value
+    return out
+
+
+_V1_KEYS = (*_V1_TO_V2, *sorted(_V1_SAME))
+# Precomputed "\nkey " needles for parse_stat: (needles to try in order, result key).
+_STAT_NEEDLES = {
+    2: tuple(((f"\n{k} ",), k) for k in STAT_KEYS),
+    1: tuple(((f"\ntotal_{k} ", f"\n{k} "), _V1_TO_V2.get(k, k)) for k in _V1_KEYS),
+}
+
+
+def parse_stat(text: str, version: int) -> dict[str, int]:
+    """``normalize_stat(parse_flat_keyed(text), version)``, computed faster.
+
+    The kept keys are looked up directly with ``str.find`` instead of parsing every line (a v2
+    memory.stat has about 60 lines, of which 20 are kept): about 20 µs instead of 35 µs for a
+    v1 memory.stat on the development VMs. Same result for the files the kernel writes (one
+    "key value" per line, each key once; where a key repeats, this takes the first).
+    """
+    out: dict[str, int] = {}
+    needles = _STAT_NEEDLES.get(version)
+    if needles is None:
+        return out
+    text = "\n" + text
+    find = text.find
+    for candidates, name in needles:
+        for needle in candidates:
+            i = find(needle)
+            if i < 0:
+                continue
+            start = i + len(needle)
+            end = find("\n", start)
+            value = text[start:] if end < 0 else text[start:end]
+            if not (value.isdigit() and value.isascii() and len(value) <= _MAX_DIGITS):
+                n = parse_uint(value)
+                if n is None:
+                    continue
+                out[name] = n
+            else:
+                out[name] = int(value)
+            break
     return out

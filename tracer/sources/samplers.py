@@ -15,12 +15,16 @@ Clock: nothing here reads the event clock. The caller passes ``now_ns`` (CLOCK_B
 event of one call carries it. (``time.perf_counter_ns`` is read only for ``SamplerSet.stats``.)
 
 Cost: files are opened once and re-read with ``os.pread(fd, 65536, 0)``; cgroupfs (kernfs) and
-procfs files are seq_files, which restart from offset 0 on every pread. A kept-open re-read is
-about 0.5-3.5 µs against 3-9 µs for open+read+close on the development VMs (measured in
-the report of this change). A cgroup's files are opened relative to a descriptor of its
-directory (``openat``): once a cgroup is removed, reads of its open files fail with ENODEV and
-lookups in its directory fail with ENOENT, even when a new cgroup of the same name (a restarted
-container) appears, so a sampler never silently switches to a namesake.
+procfs files are seq_files, which restart from offset 0 on every pread. On the development VMs
+(one pinned vCPU, noisy) a kept-open re-read took ~0.6 µs for memory.usage_in_bytes and ~4 µs
+for memory.stat, against ~3-5 µs and ~7-9 µs with os.open+read+close (~7-13 µs with Python's
+``open().read()``). Whole samples, parsing included: a v1 cgroup with memory.stat 40-70 µs
+(the memory.stat lookup ~18-24 µs of it), the host 23-45 µs, a process 14-28 µs.
+
+A cgroup's files are opened relative to a descriptor of its directory (``openat``): once a
+cgroup is removed, reads of its open files fail with ENODEV and lookups in its directory fail
+with ENOENT, even when a new cgroup of the same name (a restarted container) appears, so a
+sampler never silently switches to a namesake.
 
 Failures are events, never exceptions (except ``UsageError`` for a path that does not name a
 cgroup when it is watched): each problem becomes one ``SampleError`` per (source, target,
@@ -34,8 +38,9 @@ that added it, and its field stays None:
 * ``memory.events``' ``oom_group_kill`` key: Linux 5.17 (an absent key, not reported);
 * v1 ``memory.oom_control``'s ``oom_kill`` line: Linux 4.13 (an absent key, not reported).
 
-On the v2 root cgroup the kernel has no memory.current/max/high/peak/events (and before
-5.2 no memory.pressure): missing files there are expected and not reported.
+On the v2 root cgroup the kernel has no memory.current/max/high/peak/events (and the first PSI
+kernels had no memory.pressure there either): missing files there are expected and not
+reported.
 
 Hybrid hosts (memory controller on v1, a unified v2 hierarchy mounted beside it, like the
 development VMs): PSI is accounted in the v2 hierarchy whatever controllers it has, so a v1
@@ -66,11 +71,11 @@ from tracer.events import (
 )
 from tracer.parse.memory import (
     Pressure,
-    normalize_stat,
     parse_meminfo,
     parse_oom_control,
     parse_pressure,
     parse_proc_status,
+    parse_stat,
     parse_uint,
     proc_status_state,
 )
@@ -91,8 +96,8 @@ __all__ = [
 
 DEFAULT_INTERVAL_NS = 100_000_000  # 100 ms
 DEFAULT_FAST_INTERVAL_NS = 20_000_000  # 20 ms, near a limit: an OOM builds up in well under 1 s
-# Sampled cgroups (watched ones and their ancestors, counted once). At ~20 µs a cgroup and
-# 50 Hz near limits, 256 cgroups already cost about a quarter of a core.
+# Sampled cgroups (watched ones and their ancestors, counted once). At ~50 µs a cgroup, 256 of
+# them cost ~13% of a core at 10 Hz, and more than half a core if all were near a limit (50 Hz).
 MAX_CGROUPS = 256
 # A cgroup is "near its limit" when usage >= this percentage of the limit.
 NEAR_LIMIT_PERCENT = 90
@@ -156,7 +161,7 @@ class _KeptFile:
     ``dir_fd`` when one is given (``openat``: never a namesake of a removed directory).
     """
 
-    __slots__ = ("absent", "dir_fd", "fd", "name", "opened_once", "reopen")
+    __slots__ = ("absent", "dir_fd", "fd", "name", "reopen")
 
     def __init__(self, name: str, dir_fd: int | None = None, *, reopen: bool = True) -> None:
         self.name = name
@@ -164,12 +169,10 @@ class _KeptFile:
         self.reopen = reopen
         self.fd: int | None = None
         self.absent = False  # missing on this host: not tried again
-        self.opened_once = False
 
     def _open(self) -> int:
         fd = os.open(self.name, _O_READ, dir_fd=self.dir_fd)
         self.fd = fd
-        self.opened_once = True
         return fd
 
     def _pread_all(self, fd: int) -> bytes:
@@ -358,6 +361,12 @@ class CgroupSampler:
         if self._v2_root:
             return  # the kernel has no such file on the v2 root: expected
         late = _LATE_FILES.get(f.name)
+        base = self._files.get("memory.current")
+        if f.name == "memory.peak" and base is not None and base.absent:
+            # Without memory.current the memory controller itself is missing here (v2: the
+            # parent does not delegate it), so memory.peak's absence says nothing about the
+            # kernel's age. (memory.pressure is a core cgroup file: only PSI decides it.)
+            late = None
         if late is not None:
             self._report(out, ts, late[0], f.name, late[1])
         elif self.version == 2:
@@ -424,6 +433,7 @@ class CgroupSampler:
         return value
 
     def sample(self, now_ns: int, cgroup_id: int) -> list[Event]:
+        """Read the files now; events stamped ``now_ns`` (see the class doc)."""
         if self.gone:
             return []
         out: list[Event] = []
@@ -466,7 +476,7 @@ class CgroupSampler:
             oom = parse_oom_control(texts.get("memory.oom_control", ""))
             events = {k: oom[k] for k in _V1_OOM_EVENTS if k in oom}
             pressure = self._unified_pressure()
-        stat = normalize_stat(parse_flat_keyed(texts.get("memory.stat", "")), self.version)
+        stat = parse_stat(texts.get("memory.stat", ""), self.version)
         sample = CgroupSample(
             ts=ts,
             cgroup_id=cgroup_id,
@@ -490,6 +500,9 @@ class CgroupSampler:
 
 # ---------------------------------------------------------------------------------------------
 # Host sampler
+
+
+_MEMINFO_KEYS = ("MemTotal", "MemFree", "MemAvailable", "Cached", "SwapFree")
 
 
 class HostSampler:
@@ -535,9 +548,10 @@ class HostSampler:
         return pressure
 
     def sample(self, now_ns: int) -> list[Event]:
+        """``[SampleError..., HostSample]`` stamped ``now_ns``."""
         out: list[Event] = []
         try:
-            info = parse_meminfo(self._meminfo.read())
+            info = parse_meminfo(self._meminfo.read(), _MEMINFO_KEYS)
         except OSError as exc:
             self._report(out, now_ns, "host", self.meminfo_path, f"cannot read: {_strerror(exc)}")
             return out
@@ -567,11 +581,15 @@ class HostSampler:
 # Process sampler
 
 
+_STATUS_KEYS = ("RssAnon", "RssFile", "RssShmem", "VmSwap")
+
+
 class ProcessSampler:
     """``/proc/PID/status`` → ``ProcessSample`` (``sample(now_ns)``).
 
-    /proc/PID/status is cheap (a few µs; it sums counters the kernel keeps) where
-    ``smaps_rollup`` walks every mapping (~12 ms for a 1 GiB process): fine on every tick.
+    /proc/PID/status is cheap (~7 µs to read, ~17 µs parsed, here; the kernel sums counters it
+    keeps anyway) where ``smaps_rollup`` walks every mapping (~12 ms for a 1 GiB process): fine
+    on every tick.
 
     The file is opened once and never reopened: the open descriptor stays bound to this
     process, so a read after it was reaped fails (ESRCH) instead of reading a newcomer that
@@ -599,6 +617,7 @@ class ProcessSampler:
         return [err] if err is not None else []
 
     def sample(self, now_ns: int) -> list[Event]:
+        """``[ProcessSample]``, or ``[SampleError]`` once when the process is gone."""
         if self.gone:
             return []
         try:
@@ -615,7 +634,7 @@ class ProcessSampler:
             return [err] if err is not None else []
         if proc_status_state(text) in ("Z", "X"):
             return self._exited(now_ns)
-        fields = parse_proc_status(text)
+        fields = parse_proc_status(text, _STATUS_KEYS)
         return [
             ProcessSample(
                 ts=now_ns,
@@ -731,6 +750,11 @@ class SamplerSet:
     @property
     def sampled_cgroups(self) -> list[str]:
         return sorted(self._sampled)
+
+    @property
+    def fast_cgroups(self) -> list[str]:
+        """The watched cgroups now sampled every ``fast_interval_ns`` (near a limit)."""
+        return [rel for rel, w in self._watched.items() if w.fast]
 
     @property
     def watched_pids(self) -> list[int]:
