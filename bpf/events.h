@@ -19,6 +19,7 @@ enum wr_event_type {
 	WR_EV_FORK = 4,
 	WR_EV_EXEC = 5,
 	WR_EV_STALL = 6,
+	WR_EV_CGROUP_MKDIR = 7,
 };
 
 /* What stalled a task: reclaim for a memory cgroup at its limit, host-wide direct reclaim, or
@@ -107,6 +108,18 @@ struct wr_stall {
 	__u32 _pad;
 };
 
+#define WR_CGROUP_PATH_LEN 256
+
+/* A cgroup was created in the tracked hierarchy (only when cfg.follow_cgroups is set): lets a
+ * watched container stay watched when its runtime recreates its cgroup on restart. */
+struct wr_cgroup_mkdir {
+	struct wr_hdr h;
+	__u64 id;
+	__u32 level;
+	__u32 hierarchy_id;
+	char path[WR_CGROUP_PATH_LEN];
+};
+
 /* Per-cgroup aggregation of every stall (map reclaim_stats), drained by user space. */
 struct wr_reclaim_key {
 	__u64 cgroup_id;
@@ -128,6 +141,74 @@ struct wr_config {
 	__u32 self_tgid;   /* the tracer itself: never reported */
 	__u32 watch_cgroups; /* 1: watched_cgroups holds ids; walk each task's ancestors */
 	__u64 stall_threshold_ns; /* stalls at least this long are sent one by one */
+	__u32 follow_cgroups;     /* 1: report cgroup_mkdir in hierarchy_id */
+	__u32 hierarchy_id;       /* the tracked hierarchy (v1 memory's id; 0 = cgroup v2) */
+};
+
+/* ---------------------------------------------------------------------------------------- */
+/* GPU allocation failures, caught at libcuda.so.1 with uprobes by bpf/gpu.bpf.c: a separate
+ * object with its own ring buffer and maps, so that it and whyrestart.bpf.o cannot break each
+ * other. Its records share struct wr_hdr and take type numbers from 16 up. */
+
+enum wr_gpu_event_type {
+	WR_EV_GPU_ALLOC_FAIL = 16,      /* an allocation returned CUDA_ERROR_OUT_OF_MEMORY */
+	WR_EV_GPU_ALLOC_RECOVERED = 17, /* the first successful allocation after failures */
+};
+
+/* hdr.rung of uprobe records (continues enum wr_rung) */
+#define WR_RUNG_UPROBE 5
+
+/* Which driver entry point a record is about (tracer/bpf/layout.py GPU_FUNCS names them). */
+enum wr_gpu_func {
+	WR_GPU_MEM_ALLOC = 1,                  /* cuMemAlloc_v2 */
+	WR_GPU_MEM_ALLOC_MANAGED = 2,          /* cuMemAllocManaged */
+	WR_GPU_MEM_ALLOC_PITCH = 3,            /* cuMemAllocPitch_v2 */
+	WR_GPU_MEM_ALLOC_ASYNC = 4,            /* cuMemAllocAsync */
+	WR_GPU_MEM_ALLOC_ASYNC_PTSZ = 5,       /* cuMemAllocAsync_ptsz */
+	WR_GPU_MEM_ALLOC_FROM_POOL = 6,        /* cuMemAllocFromPoolAsync */
+	WR_GPU_MEM_ALLOC_FROM_POOL_PTSZ = 7,   /* cuMemAllocFromPoolAsync_ptsz */
+	WR_GPU_MEM_CREATE = 8,                 /* cuMemCreate */
+};
+
+/* CUresult values the probes act on (cuda.h) */
+#define WR_CUDA_SUCCESS 0
+#define WR_CUDA_ERROR_OUT_OF_MEMORY 2
+
+/* One allocation call of a watched process: a failure (type WR_EV_GPU_ALLOC_FAIL) or the first
+ * success after failures (WR_EV_GPU_ALLOC_RECOVERED). The header names the calling thread. */
+struct wr_gpu_alloc {
+	struct wr_hdr h;
+	__u64 requested;  /* bytes asked for (pitch: width * height) */
+	__u64 held_bytes; /* device bytes this process holds from probed allocations, before it */
+	__u64 peak_bytes; /* high-water mark of held_bytes */
+	__u64 failures;   /* failed allocations since the last success (this one included) */
+	__u32 func;       /* enum wr_gpu_func */
+	__s32 result;     /* the CUresult returned */
+};
+
+/* Per-process allocation bookkeeping (map gpu_stats, keyed by tgid), read by user space. */
+struct wr_gpu_stats {
+	__u64 held_bytes;
+	__u64 peak_bytes;
+	__u64 allocs;     /* successful allocations */
+	__u64 failures;   /* CUDA_ERROR_OUT_OF_MEMORY returns */
+	__u64 pending;    /* failures since the last success */
+	__u64 untracked;  /* successes whose pointer could not be read or remembered */
+};
+
+/* One live allocation: what a free gives back (map gpu_live). */
+struct wr_gpu_live_key {
+	__u32 tgid;
+	__u32 _pad;
+	__u64 ptr;        /* CUdeviceptr, or CUmemGenericAllocationHandle for cuMemCreate */
+};
+
+/* Set by user space in gpu.bpf.o's .rodata before load. */
+struct wr_gpu_config {
+	__u32 filter_all; /* 1: every process; 0: only pids in gpu_watched */
+	__u32 memcg_v1;   /* as wr_config.memcg_v1: which hierarchy hdr.cgroup_id comes from */
+	__u32 self_tgid;  /* the tracer itself: never reported */
+	__u32 _pad;
 };
 
 #endif /* WHYRESTART_EVENTS_H */

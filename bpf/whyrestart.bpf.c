@@ -34,6 +34,7 @@ struct wr_btf_anchor {
 	struct wr_fork fork;
 	struct wr_exec exec;
 	struct wr_stall stall;
+	struct wr_cgroup_mkdir cgroup_mkdir;
 	struct wr_reclaim_key reclaim_key;
 	struct wr_reclaim_stats reclaim_stats;
 };
@@ -793,4 +794,71 @@ SEC("kretprobe")
 int BPF_KRETPROBE(high_kretprobe)
 {
 	return stall_end(0);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Cgroup creation: a container runtime recreates a container's cgroup on every restart (same
+ * path, new id); user space matches the path against the containers it follows and watches the
+ * new id. Rare on any host, and only sent when following is on. */
+
+/* FNV-1a hashes of the cgroup paths of followed containers. A runtime that restarts a container
+ * recreates its cgroup at the same path; when the new one appears, it is watched right here, in
+ * the kernel, before the container's first process runs: a container that dies within
+ * milliseconds of its start (an OOM at start-up) is still seen. User space also follows the
+ * cgroup_mkdir records, for runtimes that give a restarted container a new id. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 64);
+	__type(key, __u64);
+	__type(value, __u8);
+} follow_paths SEC(".maps");
+
+#define FNV_OFFSET 0xcbf29ce484222325ULL
+#define FNV_PRIME 0x100000001b3ULL
+
+static __always_inline int handle_mkdir(struct cgroup *cgrp, const char *path, __u16 rung)
+{
+	struct wr_cgroup_mkdir *e;
+	__u64 hash = FNV_OFFSET, id;
+	__u8 one = 1;
+	__u32 hid;
+
+	if (!cfg.follow_cgroups)
+		return 0;
+	hid = BPF_CORE_READ(cgrp, root, hierarchy_id);
+	if (hid != cfg.hierarchy_id)
+		return 0;
+	e = reserve(sizeof(*e));
+	if (!e)
+		return 0;
+	fill_hdr(&e->h, WR_EV_CGROUP_MKDIR, sizeof(*e), rung,
+		 (struct task_struct *)bpf_get_current_task());
+	id = cgroup_id_of(cgrp);
+	e->id = id;
+	e->level = BPF_CORE_READ(cgrp, level);
+	e->hierarchy_id = hid;
+	bpf_probe_read_kernel_str(&e->path, sizeof(e->path), path);
+	for (int i = 0; i < WR_CGROUP_PATH_LEN; i++) {
+		char c = e->path[i];
+
+		if (!c)
+			break;
+		hash = (hash ^ (__u8)c) * FNV_PRIME;
+	}
+	if (bpf_map_lookup_elem(&follow_paths, &hash))
+		bpf_map_update_elem(&watched_cgroups, &id, &one, BPF_ANY);
+	bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);
+	return 0;
+}
+
+SEC("tp_btf/cgroup_mkdir")
+int BPF_PROG(cgroup_mkdir_btf, struct cgroup *cgrp, const char *path)
+{
+	return handle_mkdir(cgrp, path, WR_RUNG_TP_BTF);
+}
+
+SEC("raw_tp/cgroup_mkdir")
+int BPF_PROG(cgroup_mkdir_raw, struct cgroup *cgrp, const char *path)
+{
+	return handle_mkdir(cgrp, path, WR_RUNG_TRACEPOINT);
 }

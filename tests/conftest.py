@@ -1,7 +1,8 @@
 """Shared fixtures and the tier markers' skip rules.
 
 Tiers: pure tests need nothing; ``bpfobj`` needs the compiled object and bpftool; ``root``
-needs root, BTF and a memory cgroup controller. A test that cannot run here is skipped with the
+needs root, BTF and a memory cgroup controller; ``lab`` runs only inside the lab VM that
+scripts/lab-vm boots (its init sets WHYRESTART_LAB=1). A test that cannot run here is skipped with the
 reason, and pytest -ra lists every skip in the summary.
 """
 
@@ -33,10 +34,18 @@ def _bpfobj_reason() -> str | None:
     return None
 
 
+def _lab_reason() -> str | None:
+    if os.environ.get("WHYRESTART_LAB") != "1":
+        return "runs inside the lab VM only (scripts/lab-vm)"
+    return _root_reason()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    root, bpfobj = _root_reason(), _bpfobj_reason()
+    root, bpfobj, lab = _root_reason(), _bpfobj_reason(), _lab_reason()
     for item in items:
         if root and "root" in item.keywords:
             item.add_marker(pytest.mark.skip(reason=root))
         if bpfobj and "bpfobj" in item.keywords:
             item.add_marker(pytest.mark.skip(reason=bpfobj))
+        if lab and "lab" in item.keywords:
+            item.add_marker(pytest.mark.skip(reason=lab))

@@ -12,6 +12,13 @@ from tracer.events import (
     Exec,
     Exit,
     Fork,
+    GpuAllocFailure,
+    GpuLibrary,
+    GpuLost,
+    GpuOomRecovered,
+    GpuProcessSample,
+    GpuSample,
+    GpuXid,
     HostSample,
     KmsgOom,
     OomKill,
@@ -240,3 +247,101 @@ def runtime(at: float, unit: str, count: int, source: str = "podman") -> Runtime
         exit_code=None,
         oom_killed=False,
     )
+
+
+# --- GPU ------------------------------------------------------------------------------------
+
+GiB = 1024 * MiB
+
+
+def gpu_fail(
+    at: float,
+    pid: int,
+    requested: int = 2 * GiB,
+    held: int = 70 * GiB,
+    peak: int | None = None,
+    function: str = "cuMemAlloc_v2",
+    failures: int = 1,
+    comm: str = "app",
+) -> GpuAllocFailure:
+    return GpuAllocFailure(
+        ts=t(at),
+        pid=pid,
+        tid=pid,
+        comm=comm,
+        cgroup_id=10,
+        function=function,
+        requested_bytes=requested,
+        result=2,
+        held_bytes=held,
+        peak_bytes=held if peak is None else peak,
+        failures=failures,
+    )
+
+
+def gpu_recovered(
+    at: float, pid: int, requested: int = 1 * GiB, held: int = 60 * GiB, failures: int = 1
+) -> GpuOomRecovered:
+    return GpuOomRecovered(
+        ts=t(at),
+        pid=pid,
+        tid=pid,
+        comm="app",
+        cgroup_id=10,
+        function="cuMemAlloc_v2",
+        requested_bytes=requested,
+        held_bytes=held,
+        peak_bytes=70 * GiB,
+        failures=failures,
+    )
+
+
+def gpu_lib(at: float, pid: int) -> GpuLibrary:
+    return GpuLibrary(
+        ts=t(at),
+        pid=pid,
+        path="/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+        probed="cuMemAlloc_v2",
+        missing="",
+        error="",
+    )
+
+
+def xid(
+    at: float, number: int, pid: int | None = None, source: str = "kmsg", index: int | None = None
+) -> GpuXid:
+    return GpuXid(
+        ts=t(at),
+        xid=number,
+        device="0000:3b:00" if source == "kmsg" else "GPU-fake-0000",
+        device_index=index,
+        pid=pid,
+        proc_name="app" if pid else "",
+        message="",
+        source=source,
+    )
+
+
+def gpu_lost(at: float, index: int | None = 0, reason: str = "gpu_is_lost") -> GpuLost:
+    return GpuLost(
+        ts=t(at), device="GPU-fake-0000", device_index=index, reason=reason, source="nvml"
+    )
+
+
+def gpu_sample(
+    at: float, used: int, total: int = 80 * GiB, index: int = 0, reserved: int = 0
+) -> GpuSample:
+    return GpuSample(
+        ts=t(at),
+        index=index,
+        uuid=f"GPU-fake-{index:04d}",
+        name="Fake GPU",
+        total_bytes=total,
+        used_bytes=used,
+        free_bytes=total - used - reserved,
+        reserved_bytes=reserved,
+    )
+
+
+def gpu_proc(at: float, pid: int, used: int, index: int = 0) -> GpuProcessSample:
+    return GpuProcessSample(ts=t(at), index=index, pid=pid, used_bytes=used, kind="compute")

@@ -1,26 +1,27 @@
 """Tier 2: every struct in bpf/events.h matches its Python mirror, checked against the BTF of
-the compiled object (the way Tetragon's alignment checker does)."""
+the compiled objects (the way Tetragon's alignment checker does): whyrestart.bpf.o, and
+gpu.bpf.o for the GPU structs (``layout.GPU_STRUCTS``)."""
 
 from __future__ import annotations
 
 import ctypes
 import json
+import os
 import shutil
 import subprocess
 from typing import Any
 
 import pytest
 
-from tracer.bpf import hooks, layout
+from tracer.bpf import gpuprobe, hooks, layout
 
 pytestmark = pytest.mark.bpfobj
 
 
-@pytest.fixture(scope="module")
-def btf_structs() -> dict[str, dict[str, Any]]:
+def _dump_structs(path: str) -> dict[str, dict[str, Any]]:
     bpftool = shutil.which("bpftool") or "/usr/sbin/bpftool"
     out = subprocess.run(
-        [bpftool, "-j", "btf", "dump", "file", hooks.object_path()],
+        [bpftool, "-j", "btf", "dump", "file", path],
         check=True,
         capture_output=True,
         text=True,
@@ -29,8 +30,43 @@ def btf_structs() -> dict[str, dict[str, Any]]:
     return {t["name"]: t for t in types if t.get("kind") == "STRUCT" and t.get("name")}
 
 
+@pytest.fixture(scope="module")
+def main_structs() -> dict[str, dict[str, Any]]:
+    return _dump_structs(hooks.object_path())
+
+
+GPU_MISSING = f"GPU BPF object not built ({gpuprobe.object_path()}): make -C bpf"
+
+
+@pytest.fixture(scope="module")
+def gpu_structs() -> dict[str, dict[str, Any]] | None:
+    if not os.path.exists(gpuprobe.object_path()):
+        return None
+    return _dump_structs(gpuprobe.object_path())
+
+
+@pytest.fixture(scope="module")
+def btf_structs(
+    main_structs: dict[str, dict[str, Any]], gpu_structs: dict[str, dict[str, Any]] | None
+) -> dict[str, dict[str, Any]]:
+    """Each struct from the object that defines it (wr_hdr, in both, must agree too)."""
+    if gpu_structs is None:
+        return main_structs
+
+    def shape(t: dict[str, Any]) -> tuple[int, list[tuple[str, int]]]:
+        return t["size"], [(m["name"], m["bits_offset"]) for m in t["members"]]
+
+    assert shape(main_structs["wr_hdr"]) == shape(gpu_structs["wr_hdr"])
+    out = dict(main_structs)
+    out.update({name: gpu_structs[name] for name in layout.GPU_STRUCTS if name in gpu_structs})
+    return out
+
+
 @pytest.mark.parametrize("name", sorted(layout.STRUCTS))
 def test_struct_matches_btf(name: str, btf_structs: dict[str, dict[str, Any]]) -> None:
+    if name not in btf_structs and name in layout.GPU_STRUCTS:
+        assert not os.path.exists(gpuprobe.object_path()), f"{name} is not in gpu.bpf.o"
+        pytest.skip(GPU_MISSING)
     assert name in btf_structs, f"struct {name} is not in the object's BTF"
     btf = btf_structs[name]
     mirror = layout.STRUCTS[name]
@@ -55,3 +91,48 @@ def test_every_ladder_program_exists_in_the_object() -> None:
         obj.close()
     wanted = {p for ladder in hooks.LADDERS.values() for _, progs in ladder for p in progs}
     assert wanted <= names, wanted - names
+
+
+def test_every_gpu_program_exists_in_the_gpu_object(
+    gpu_structs: dict[str, dict[str, Any]] | None,
+) -> None:
+    from tracer.bpf.libbpf import BpfObject
+
+    if gpu_structs is None:
+        pytest.skip(GPU_MISSING)
+
+    obj = BpfObject(gpuprobe.object_path())
+    try:
+        names = {p.name: p.section for p in obj.programs()}
+    finally:
+        obj.close()
+    for entry, ret in gpuprobe.PROGRAMS.values():
+        assert names.get(entry) == "uprobe", entry
+        if ret is not None:
+            assert names.get(ret) == "uretprobe", ret
+    # the type numbers the decoder registers are the ones the C enum has
+    enums = {
+        t["name"]: {v["name"]: v["val"] for v in t["values"]}
+        for t in json.loads(
+            subprocess.run(
+                [
+                    shutil.which("bpftool") or "/usr/sbin/bpftool",
+                    "-j",
+                    "btf",
+                    "dump",
+                    "file",
+                    gpuprobe.object_path(),
+                ],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
+        )["types"]
+        if t.get("kind") == "ENUM" and t.get("name")
+    }
+    assert enums["wr_gpu_event_type"] == {
+        "WR_EV_GPU_ALLOC_FAIL": layout.EV_GPU_ALLOC_FAIL,
+        "WR_EV_GPU_ALLOC_RECOVERED": layout.EV_GPU_ALLOC_RECOVERED,
+    }
+    funcs = enums["wr_gpu_func"]
+    assert {v: k for k, v in funcs.items()}.keys() == layout.GPU_FUNCS.keys()

@@ -146,9 +146,10 @@ def test_descendants_are_watched_and_strangers_are_not(tmp_path: Path) -> None:
 
 def test_cgroup_target(tmp_path: Path, parent_cgroup: str, layout: CgroupLayout) -> None:
     with ChildCgroup(parent_cgroup, f"wr-test-target-{os.getpid()}", None, layout=layout) as cg:
-        inside = subprocess.Popen(in_cgroup(cg, "sh", "-c", "sleep 0.5; exit 4"))
-        outside = subprocess.Popen(["sh", "-c", "sleep 0.5; exit 6"])
-        rec = Recorder(str(tmp_path / "cg.trace"), Targets(cgroups=[cg.path]), duration=1.5)
+        # (the processes outlive the recorder's start-up, however loaded the machine is)
+        inside = subprocess.Popen(in_cgroup(cg, "sh", "-c", "sleep 3; exit 4"))
+        outside = subprocess.Popen(["sh", "-c", "sleep 3; exit 6"])
+        rec = Recorder(str(tmp_path / "cg.trace"), Targets(cgroups=[cg.path]), duration=5)
         res = rec.run()
         inside.wait()
         outside.wait()
@@ -160,7 +161,7 @@ def test_cgroup_target(tmp_path: Path, parent_cgroup: str, layout: CgroupLayout)
 
 
 def test_pid_target_stops_when_it_exits(tmp_path: Path) -> None:
-    proc = subprocess.Popen(["sh", "-c", "sleep 0.5; exit 9"])
+    proc = subprocess.Popen(["sh", "-c", "sleep 3; exit 9"])
     res = Recorder(str(tmp_path / "pid.trace"), Targets(pids=[proc.pid]), duration=30).run()
     proc.wait()
     assert res.reason == "watched processes exited"
@@ -218,9 +219,12 @@ def test_pressure_then_oom_in_one_trace_in_time_order(
     scratch = Path("/var/tmp") / f"wr-test-scratch-{os.getpid()}"
     monkeypatch.setenv("WR_SCRATCH", str(scratch))
     try:
-        with ChildCgroup(
-            parent_cgroup, f"wr-test-pressure-{os.getpid()}", 48 * MiB, layout=layout
-        ) as outer, ChildCgroup(outer.path, "svc", 512 * MiB, layout=layout) as inner:
+        with (
+            ChildCgroup(
+                parent_cgroup, f"wr-test-pressure-{os.getpid()}", 48 * MiB, layout=layout
+            ) as outer,
+            ChildCgroup(outer.path, "svc", 512 * MiB, layout=layout) as inner,
+        ):
             res = record(tmp_path, in_cgroup(inner, sys.executable, "-c", RECLAIM_HOG))
             inner_path, outer_path = inner.path, outer.path
     finally:

@@ -37,6 +37,12 @@ def _friendly(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def analyzer_for(header: Any) -> Analyzer:
+    """The analyzer a replay needs: the same settings the recording had."""
+    pids = header.targets.get("supervisor_pids", []) if isinstance(header.targets, dict) else []
+    return Analyzer(supervisor_pids=[p for p in pids if isinstance(p, int)])
+
+
 def _dumps(obj: Any) -> str:
     return orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode()
 
@@ -110,6 +116,120 @@ def _status_printer() -> Callable[[str, bool], None]:
     return show
 
 
+def target_options(fn: F) -> F:
+    """The options that say what to watch, shared by record and tail."""
+    opts = [
+        click.option(
+            "--pid",
+            "pids",
+            type=int,
+            multiple=True,
+            help="Watch this process and its descendants (repeatable).",
+        ),
+        click.option(
+            "--cgroup",
+            "cgroups",
+            multiple=True,
+            help="Watch every process in this memory cgroup or below, e.g. "
+            "/system.slice/x.service (repeatable).",
+        ),
+        click.option(
+            "--container",
+            "containers",
+            multiple=True,
+            help="Watch a container by name or id, across its restarts "
+            "(podman, Docker; repeatable).",
+        ),
+        click.option(
+            "--unit",
+            "units",
+            multiple=True,
+            help="Watch a systemd unit (needs systemd; repeatable).",
+        ),
+        click.option(
+            "--pod",
+            "pods",
+            multiple=True,
+            help="Watch a Kubernetes pod, NS/NAME (needs the kubelet's cgroups and "
+            "the API; repeatable).",
+        ),
+        click.option("--all", "all_", is_flag=True, help="Watch every process on the host."),
+        click.option(
+            "--probe",
+            "probes",
+            multiple=True,
+            help="Health probe: http://HOST:PORT/PATH, tcp://HOST:PORT or exec:CMD (repeatable).",
+        ),
+        click.option(
+            "--probe-interval",
+            default="1s",
+            show_default=True,
+            help="Time between probes (0.5, 500ms, 2s).",
+        ),
+        click.option(
+            "--probe-timeout",
+            default="1s",
+            show_default=True,
+            help="A probe slower than this failed.",
+        ),
+        click.option(
+            "--supervisor",
+            "supervisors",
+            type=int,
+            multiple=True,
+            help="Pid of a supervisor whose kills count as stops/probe kills.",
+        ),
+        click.option("--duration", type=float, default=None, help="Stop after this many seconds."),
+    ]
+    for opt in reversed(opts):
+        fn = opt(fn)
+    return fn
+
+
+def make_targets(kw: dict[str, Any], command: tuple[str, ...]) -> Any:
+    """Turn the target options into ``tracer.record.Targets`` (bad input: UsageError)."""
+    from tracer.follow import ProbeSetup
+    from tracer.record import Targets
+    from tracer.runtimes.systemd import SystemdRuntime
+    from tracer.sources.probes import parse_duration, parse_probe
+
+    if kw["duration"] is not None and kw["duration"] <= 0:
+        raise UsageError("--duration must be positive")
+    cgroups = list(kw["cgroups"])
+    for unit in kw["units"]:
+        rt = SystemdRuntime()
+        info = rt.find(unit) if rt.available() else None
+        if info is None or not info.cgroup_path:
+            raise UsageError(
+                f"--unit {unit}: "
+                + ("no such unit" if rt.available() else "systemd is not running here"),
+                "use --cgroup with the unit's cgroup path, or --pid",
+            )
+        cgroups.append(info.cgroup_path)
+    if kw["pods"]:
+        raise UsageError(
+            "--pod needs the Kubernetes API, which whyrestart does not query yet",
+            "use --cgroup with the pod's cgroup (kubepods.slice/...pod<uid>.slice) or "
+            "--container with the container's id",
+        )
+    probes = None
+    if kw["probes"]:
+        probes = ProbeSetup(
+            [parse_probe(p) for p in kw["probes"]],
+            parse_duration(kw["probe_interval"]),
+            parse_duration(kw["probe_timeout"]),
+        )
+    return Targets(
+        pids=list(kw["pids"]),
+        cgroups=cgroups,
+        all=kw["all_"],
+        command=list(command),
+        containers=list(kw["containers"]),
+        probes=probes,
+        supervisor_pids=list(kw["supervisors"]),
+    )
+
+
 @main.command(context_settings={"ignore_unknown_options": False})
 @click.option(
     "-o",
@@ -118,50 +238,27 @@ def _status_printer() -> Callable[[str, bool], None]:
     type=click.Path(dir_okay=False),
     help="Trace file to write (JSON lines; .zst to compress).",
 )
-@click.option(
-    "--pid",
-    "pids",
-    type=int,
-    multiple=True,
-    help="Watch this process and its descendants (repeatable).",
-)
-@click.option(
-    "--cgroup",
-    "cgroups",
-    multiple=True,
-    help="Watch every process in this memory "
-    "cgroup or below, e.g. /system.slice/x.service (repeatable).",
-)
-@click.option("--all", "all_", is_flag=True, help="Watch every process on the host.")
-@click.option("--duration", type=float, default=None, help="Stop after this many seconds.")
+@target_options
 @click.option("--json", "as_json", is_flag=True, help="Print the verdicts as JSON at the end.")
 @click.option("-q", "--quiet", is_flag=True, help="No status line.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @_friendly
-def record(
-    output: str,
-    pids: tuple[int, ...],
-    cgroups: tuple[str, ...],
-    all_: bool,
-    duration: float | None,
-    as_json: bool,
-    quiet: bool,
-    command: tuple[str, ...],
-) -> None:
-    """Record exits, signals and OOM kills to a trace file; print a verdict per exit.
+def record(output: str, as_json: bool, quiet: bool, command: tuple[str, ...], **kw: Any) -> None:
+    """Record exits, signals, OOM kills and memory pressure to a trace; a verdict per exit.
 
     \b
     Examples:
       sudo whyrestart record -o run1.trace -- python serve.py
-      sudo whyrestart record -o run2.trace --cgroup /system.slice/llama.service
-      sudo whyrestart record -o run3.trace --pid 4242 --duration 600
+      sudo whyrestart record -o run2.trace --container llm --probe http://127.0.0.1:8000/health
+      sudo whyrestart record -o run3.trace --cgroup /system.slice/llama.service
+      sudo whyrestart record -o run4.trace --pid 4242 --duration 600
     """
-    from tracer.record import Recorder, Targets
+    from tracer.record import Recorder
 
-    if duration is not None and duration <= 0:
-        raise UsageError("--duration must be positive")
-    targets = Targets(pids=list(pids), cgroups=list(cgroups), all=all_, command=list(command))
-    rec = Recorder(output, targets, duration=duration, status=None if quiet else _status_printer())
+    targets = make_targets(kw, command)
+    rec = Recorder(
+        output, targets, duration=kw["duration"], status=None if quiet else _status_printer()
+    )
     result = rec.run()
     for w in result.warnings:
         click.echo(f"whyrestart: warning: {w}", err=True)
@@ -221,36 +318,20 @@ def _tail_printer(clock_holder: list[Clock], as_json: bool) -> Any:
 
 
 @main.command()
-@click.option(
-    "--pid",
-    "pids",
-    type=int,
-    multiple=True,
-    help="Watch this process and its descendants (repeatable).",
-)
-@click.option("--cgroup", "cgroups", multiple=True, help="Watch a memory cgroup and below.")
-@click.option("--all", "all_", is_flag=True, help="Watch every process on the host.")
-@click.option("--duration", type=float, default=None, help="Stop after this many seconds.")
+@target_options
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @_friendly
-def tail(
-    pids: tuple[int, ...],
-    cgroups: tuple[str, ...],
-    all_: bool,
-    duration: float | None,
-    as_json: bool,
-    command: tuple[str, ...],
-) -> None:
+def tail(as_json: bool, command: tuple[str, ...], **kw: Any) -> None:
     """Live memory-pressure events, one line each: stalls, limits, PSI, OOM kills, verdicts.
 
     Nothing is written to disk; use `record` to keep a trace (`replay --tail` shows the same
     lines from it).
     """
     from tracer.analysis.pressure import PressureFeed
-    from tracer.record import Recorder, Targets
+    from tracer.record import Recorder
 
-    targets = Targets(pids=list(pids), cgroups=list(cgroups), all=all_, command=list(command))
+    targets = make_targets(kw, command)
     clock: list[Clock] = []
     show = _tail_printer(clock, as_json)
     rec: Recorder
@@ -265,7 +346,7 @@ def tail(
             clock.append(Clock(rec.header.started_ns, rec.header.clock_offset_ns))
         show(feed.feed(ev, verdicts))
 
-    rec = Recorder(None, targets, duration=duration, on_event=on_event)
+    rec = Recorder(None, targets, duration=kw["duration"], on_event=on_event)
     result = rec.run()
     show(feed.flush(result.header.started_ns if not clock else clock[0].start_ns))
     for w in result.warnings:
@@ -288,7 +369,7 @@ def replay(trace: str, as_json: bool, verdicts_only: bool, as_tail: bool) -> Non
     reader = TraceReader(trace)
     header = reader.header
     clock = Clock(header.started_ns, header.clock_offset_ns)
-    analyzer = Analyzer()
+    analyzer = analyzer_for(header)
     events: list[Event] = []
 
     def fed() -> Any:
@@ -375,7 +456,7 @@ def explain(trace: str, as_json: bool, pids: tuple[int, ...], units: tuple[str, 
 
     reader = TraceReader(trace)
     clock = Clock(reader.header.started_ns, reader.header.clock_offset_ns)
-    analyzer = Analyzer()
+    analyzer = analyzer_for(reader.header)
     analyzer.feed_all(reader)
     verdicts = [
         v
@@ -406,6 +487,166 @@ def explain(trace: str, as_json: bool, pids: tuple[int, ...], units: tuple[str, 
         click.echo(
             verdict_table(verdicts, clock, restarts=restarts, restart_counts=counts), nl=False
         )
+
+
+# -- report, export, repro (tracer/outputs, tracer/repro.py) -------------------------------
+
+
+@main.command()
+@click.argument("trace", type=click.Path(dir_okay=False))
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="HTML file to write (self-contained: opens offline). Default: TRACE with .html.",
+)
+@click.option(
+    "--png",
+    "png",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Also write the charts as one PNG image (for tickets).",
+)
+@_friendly
+def report(trace: str, output: str | None, png: str | None) -> None:
+    """A timeline report of a trace: memory against every nested limit, pressure, GPU,
+    probes and kill/exit markers per unit, then each verdict with its evidence.
+
+    \b
+    Examples:
+      whyrestart report run1.trace -o run1.html
+      whyrestart report run1.trace -o run1.html --png run1.png
+    """
+    from tracer.outputs.report import write_report
+    from tracer.outputs.timeline import load
+
+    if output is None:
+        base = trace[: -len(".trace")] if trace.endswith(".trace") else trace
+        output = base + ".html"
+    timeline = load(trace)
+    for w in timeline.warnings:
+        click.echo(f"whyrestart: warning: {w}", err=True)
+    write_report(timeline, trace, output, png)
+    click.echo(f"report written to {output}" + (f" and {png}" if png else ""), err=True)
+
+
+@main.command()
+@click.argument("trace", type=click.Path(dir_okay=False))
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["perfetto"]),
+    default="perfetto",
+    show_default=True,
+    help="perfetto: Chrome trace-event JSON for ui.perfetto.dev.",
+)
+@click.option(
+    "-o", "--output", required=True, type=click.Path(dir_okay=False), help="File to write."
+)
+@_friendly
+def export(trace: str, fmt: str, output: str) -> None:
+    """Convert a trace for other tools: ``--format perfetto`` opens in ui.perfetto.dev, with a
+    track per unit (counters for memory and limits, slices for stalls, instants for kills)."""
+    from tracer.outputs.perfetto import write_perfetto
+    from tracer.outputs.timeline import load
+
+    timeline = load(trace)
+    for w in timeline.warnings:
+        click.echo(f"whyrestart: warning: {w}", err=True)
+    n = write_perfetto(timeline, trace, output)
+    click.echo(
+        f"{n} trace events written to {output} ({fmt}); open it in ui.perfetto.dev", err=True
+    )
+
+
+@main.command(context_settings={"ignore_unknown_options": False})
+@click.option("--memory-max", default=None, help="Memory limits to try, e.g. 64M,128M,256M.")
+@click.option("--memory-high", default=None, help="memory.high values to try (cgroup v2 only).")
+@click.option(
+    "--probe-timeout", default=None, help="Probe timeouts to try, e.g. 0.5,1s,2s (needs --probe)."
+)
+@click.option("--runs", "repeats", type=int, default=1, show_default=True, help="Runs per value.")
+@click.option("--probe", default=None, help="http://HOST:PORT/PATH, tcp://HOST:PORT or exec:CMD.")
+@click.option("--probe-interval", default=None, help="Seconds between probes (default 1).")
+@click.option(
+    "--probe-failures",
+    type=int,
+    default=3,
+    show_default=True,
+    help="Kill the workload after this many failed probes in a row, like a liveness probe "
+    "(0: never).",
+)
+@click.option("--probe-delay", default=None, help="Wait this long before the first probe.")
+@click.option("--duration", type=float, default=None, help="End each run after this many seconds.")
+@click.option(
+    "--out-dir", default=None, help="Directory for the traces (default ./repro-<timestamp>)."
+)
+@click.option(
+    "--parent-cgroup",
+    default=None,
+    help="Memory cgroup under which each run's cgroup is made (default: beside/under ours).",
+)
+@click.option("--json", "as_json", is_flag=True, help="The comparison as JSON (schema 1).")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@_friendly
+def repro(
+    memory_max: str | None,
+    memory_high: str | None,
+    probe_timeout: str | None,
+    repeats: int,
+    probe: str | None,
+    probe_interval: str | None,
+    probe_failures: int,
+    probe_delay: str | None,
+    duration: float | None,
+    out_dir: str | None,
+    parent_cgroup: str | None,
+    as_json: bool,
+    command: tuple[str, ...],
+) -> None:
+    """Run a workload once per value of ONE setting, each run in a fresh memory cgroup and
+    recorded to its own trace; compare the runs and name the smallest value that survived.
+
+    Sizes: 64M, 1G, 512Mi or bytes (K/M/G/T are powers of 1024, as in docker --memory).
+    Every run has a memory limit (the one varied, --memory-max, or 80% of the host's available
+    memory), so no run can exhaust the host. Needs root.
+
+    \b
+    Examples:
+      sudo whyrestart repro --memory-max 512M,1G,2G -- python serve.py --load test
+      sudo whyrestart repro --memory-high 256M,512M --memory-max 1G -- ./hog
+      sudo whyrestart repro --probe-timeout 0.5,1,2 --probe http://127.0.0.1:8000/health \\
+          --memory-max 1G --duration 120 -- python serve.py
+    """
+    from tracer.repro import Experiment, make_plan
+    from tracer.sources.cgroupfs import CgroupLayout
+
+    layout = CgroupLayout.from_system()
+    plan = make_plan(
+        memory_max=memory_max,
+        memory_high=memory_high,
+        probe_timeout=probe_timeout,
+        command=command,
+        repeats=repeats,
+        probe=probe,
+        probe_interval=probe_interval,
+        probe_failures=probe_failures,
+        probe_delay=probe_delay,
+        duration=duration,
+        out_dir=out_dir,
+        parent_cgroup=parent_cgroup,
+        memory_version=layout.memory_version,
+    )
+
+    def progress(line: str) -> None:
+        click.echo(line, err=True)
+
+    comparison = Experiment(plan, progress, layout=layout).run()
+    if as_json:
+        click.echo(_dumps(comparison.to_json()))
+    else:
+        click.echo(comparison.table(), nl=False)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -445,6 +445,7 @@ class UnitInfo(Event):
     unit_id: str  # container id / unit name
     name: str  # the runtime's name for it ("" when no runtime answered)
     pod: str  # "namespace/name" for Kubernetes, else ""
+    main_pid: int = 0  # its main process, when a runtime said so (a container already running)
 
 
 @dataclass(frozen=True, slots=True)
@@ -472,6 +473,7 @@ class ProbeSample(Event):
     timed_out: bool
     status: int | None  # HTTP status or exit code
     error: str
+    pid: int = 0  # the check's process, for a runtime's exec health check
 
 
 KINDS: dict[str, type[Event]] = {

@@ -32,6 +32,7 @@ from tracer.bpf.decode import Decoder
 from tracer.bpf.libbpf import RingBuffer
 from tracer.errors import KernelUnsupported, OutputError, PermissionProblem, UsageError
 from tracer.events import (
+    CgroupMkdir,
     CgroupSample,
     EffectiveLimit,
     Event,
@@ -47,11 +48,12 @@ from tracer.events import (
     ReclaimSummary,
     Signal,
 )
+from tracer.follow import Follower, ProbeSetup
 from tracer.gpu.side import GpuSide
 from tracer.merge import Reorder
 from tracer.parse.kmsg import OomAssembler
 from tracer.sources import system
-from tracer.sources.cgroupfs import CgroupLayout, CgroupResolver
+from tracer.sources.cgroupfs import CgroupLayout, CgroupResolver, parse_proc_cgroup
 from tracer.sources.kmsg import KmsgReader, monotonic_to_boottime_offset_ns, record_ts_ns
 from tracer.sources.samplers import DEFAULT_INTERVAL_NS, SamplerSet
 from tracer.spawn import GatedChild
@@ -72,6 +74,9 @@ class Targets:
     cgroups: list[str] = field(default_factory=list)
     all: bool = False
     command: list[str] = field(default_factory=list)
+    containers: list[str] = field(default_factory=list)
+    probes: ProbeSetup | None = None
+    supervisor_pids: list[int] = field(default_factory=list)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -79,6 +84,9 @@ class Targets:
             "cgroups": self.cgroups,
             "all": self.all,
             "command": self.command,
+            "containers": self.containers,
+            "probes": [s.text for s in self.probes.specs] if self.probes else [],
+            "supervisor_pids": self.supervisor_pids,
         }
 
 
@@ -94,6 +102,21 @@ class RecordResult:
     warnings: list[str]
     reason: str
     command_status: int | None  # the command's exit status as a shell reports it
+
+
+def memory_hierarchy_id(cg_layout: CgroupLayout, proc_root: str = "/proc") -> int:
+    """The id of the hierarchy cgroup ids come from: v1 memory's (the number before ":memory:"
+    in /proc/self/cgroup), or 0 for cgroup v2."""
+    if cg_layout.memory_version != 1:
+        return 0
+    try:
+        with open(os.path.join(proc_root, "self", "cgroup")) as f:
+            for line in parse_proc_cgroup(f.read()):
+                if "memory" in line.controllers:
+                    return line.hierarchy_id
+    except OSError:
+        pass
+    return 0
 
 
 def preflight() -> None:
@@ -161,7 +184,7 @@ class Recorder:
         self._counts: Counter[str] = Counter()
         self.stop = _StopFlag()
         self.warnings: list[str] = []
-        self.analyzer = Analyzer()
+        self.analyzer = Analyzer(supervisor_pids=targets.supervisor_pids)
         self._named: set[int] = {0}
         self._known_pids: set[int] = set()
         self._sampled_ids: set[int] = set()
@@ -182,11 +205,11 @@ class Recorder:
         for path in self.targets.cgroups:
             ids.append(resolver.id_of(path))
             self._watched_cgroup_paths.append(path.rstrip("/") or "/")
-        if not (
-            self.targets.pids or self.targets.cgroups or self.targets.all or self.targets.command
-        ):
+        t = self.targets
+        if not (t.pids or t.cgroups or t.all or t.command or t.containers):
             raise UsageError(
-                "nothing to record", "give a command after --, or --pid, --cgroup or --all"
+                "nothing to record",
+                "give a command after --, or --pid, --cgroup, --container or --all",
             )
         return ids
 
@@ -216,13 +239,18 @@ class Recorder:
         system.ensure_tracefs()
         cg_layout = CgroupLayout.from_system()
         resolver = CgroupResolver(cg_layout)
+        self.follower = Follower(self.targets.containers, self.targets.probes, resolver.path_of)
+        for path in self.follower.initial_cgroups():
+            self.targets.cgroups.append(path)
         cgroup_ids = self._validate(resolver)
         config = layout.WrConfig(
             filter_all=int(self.targets.all),
             memcg_v1=int(cg_layout.memory_version == 1),
             self_tgid=os.getpid(),
-            watch_cgroups=int(bool(cgroup_ids)),
+            watch_cgroups=int(bool(cgroup_ids) or self.follower.following),
             stall_threshold_ns=self.stall_threshold_ns,
+            follow_cgroups=int(self.follower.following),
+            hierarchy_id=memory_hierarchy_id(cg_layout),
         )
         probe = hooks.Probe(config)
         try:
@@ -273,6 +301,9 @@ class Recorder:
         gpu = GpuSide(filter_all=self.targets.all, memcg_v1=cg_layout.memory_version == 1)
         gpu.watch(self._known_pids)
         rungs["gpu_alloc"] = gpu.rung
+        for path in self.follower.follow_paths():
+            probe.follow_path(path)
+        self.follower.start()
         rb = RingBuffer(probe.events)
         decoder = Decoder(page_size=os.sysconf("SC_PAGE_SIZE"))
         assembler = OomAssembler()
@@ -316,9 +347,7 @@ class Recorder:
                 if kmsg is not None:
                     for rec in kmsg.read_available():
                         rec_ts = record_ts_ns(rec, kmsg_offset)
-                        events.extend(
-                            k for k in assembler.feed(rec, rec_ts) if self._wants_kmsg(k)
-                        )
+                        events.extend(k for k in assembler.feed(rec, rec_ts) if self._wants_kmsg(k))
                         events.extend(gpu.from_kmsg(rec, rec_ts))
                 now_ns = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
                 events.extend(gpu.poll(now_ns))
@@ -331,6 +360,7 @@ class Recorder:
                     lost_seen = lost
                 self._track(events, samplers, resolver)
                 gpu.track(events)
+                events.extend(self._follow(events, probe, samplers, resolver))
                 events.extend(samplers.due(now_ns))
                 reorder.push(self._name_cgroups(events, resolver))
                 self._emit(reorder.pop_ready(now_ns), writer)
@@ -381,6 +411,7 @@ class Recorder:
             self._restore_signal_handlers(prev_handlers)
             rb.free()
             samplers.close()
+            self.follower.close()
             if kmsg is not None:
                 kmsg.close()
             gpu.close()
@@ -510,6 +541,19 @@ class Recorder:
             elif isinstance(ev, OomKill) and ev.limit_cgroup_id:
                 self._sample_cgroup(ev.limit_cgroup_id, samplers, resolver)
 
+    def _follow(
+        self,
+        events: list[Event],
+        probe: hooks.Probe,
+        samplers: SamplerSet,
+        resolver: CgroupResolver,
+    ) -> list[Event]:
+        extra, watch = self.follower.on_events(events)
+        for cid in watch:
+            probe.watch_cgroup(cid)
+            self._sample_cgroup(cid, samplers, resolver)
+        return extra + self.follower.poll()
+
     def _sample_cgroup(
         self, cgroup_id: int, samplers: SamplerSet, resolver: CgroupResolver
     ) -> None:
@@ -539,6 +583,9 @@ class Recorder:
                     info = resolver.info(cid, ev.ts)
                     if info is not None:
                         out.append(info)
+                        unit = self.follower.name(cid, info.path, ev.ts)
+                        if unit is not None:
+                            out.append(unit)
             out.append(ev)
         return out
 
@@ -581,7 +628,7 @@ def _cgroup_ids(ev: Event) -> tuple[int, ...]:
         return (ev.victim_cgroup_id, ev.limit_cgroup_id)
     if isinstance(ev, ReclaimStall):
         return (ev.cgroup_id, ev.task_cgroup_id)
-    if isinstance(ev, ReclaimSummary | CgroupSample | EffectiveLimit):
+    if isinstance(ev, ReclaimSummary | CgroupSample | EffectiveLimit | CgroupMkdir):
         return (ev.cgroup_id,)
     return ()
 

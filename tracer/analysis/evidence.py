@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from tracer.analysis.gpu import GpuStore
 from tracer.events import (
     CgroupInfo,
     CgroupSample,
@@ -87,6 +88,7 @@ class Evidence:
         self.units: dict[int, UnitInfo] = {}  # cgroup id -> what a runtime calls it
         self.probes: deque[ProbeSample] = deque(maxlen=4096)
         self.runtime: dict[str, list[RuntimeSample]] = {}  # unit label -> samples
+        self.gpu = GpuStore()  # GPU events: tracer/analysis/gpu.py
         self.evicted = 0
 
     # -- bounded maps -----------------------------------------------------------------------
@@ -120,6 +122,8 @@ class Evidence:
     # -- intake -----------------------------------------------------------------------------
 
     def add(self, ev: Event) -> None:
+        if self.gpu.add(ev):
+            return
         if isinstance(ev, CgroupInfo):
             self.cgroups[ev.cgroup_id] = ev
         elif isinstance(ev, OomKill):
@@ -166,6 +170,7 @@ class Evidence:
     def forget_pid(self, pid: int, until: int) -> None:
         """Drop a pid's evidence up to ``until`` (its exit): what came later belongs to the
         next process that reuses the pid."""
+        self.gpu.forget_pid(pid, until)
         ev = self.by_pid.get(pid)
         if ev is None:
             return
@@ -179,6 +184,7 @@ class Evidence:
     def prune(self, now: int) -> None:
         """Drop per-pid evidence older than the history window."""
         horizon = now - HISTORY_NS
+        self.gpu.prune(horizon)
         for ev in self.by_pid.values():
             ev.ooms = _since(ev.ooms, horizon)
             ev.kmsg = _since(ev.kmsg, horizon)

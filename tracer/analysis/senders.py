@@ -80,3 +80,12 @@ PROCESS_SUPERVISORS = ("supervisord", "s6-supervise", "runsv", "circusd", "pm2")
 
 def is_process_supervisor(comm: str) -> bool:
     return _matches(comm, PROCESS_SUPERVISORS)
+
+
+# Container runtimes' own setup processes inside a container's cgroup ("runc init" renames
+# itself runc:[0:PARENT], runc:[1:CHILD], runc:[2:INIT] before it execs the entrypoint).
+_PLUMBING = ("runc:[", "runc", "crun", "conmon", "youki", "runsc")
+
+
+def is_runtime_plumbing(comm: str) -> bool:
+    return comm.startswith(_PLUMBING)

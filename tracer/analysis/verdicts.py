@@ -12,6 +12,10 @@ needs an OOM kill of this very process (from BPF or the kernel log) *and* a SIGK
 OOM killer's own SIGKILL (si_code SI_KERNEL) is part of that OOM, not a second "signal kill".
 Confidence is high only when at least two independent sources agree beyond the exit status
 itself, medium with one, low with none; disagreements are listed, never hidden.
+
+GPU rules (``gpu_oom``, ``device_reset``, a recovered GPU OOM, Xid 31/43 application faults)
+come after the kernel OOM rule and before the signal rule; they live in
+``tracer.analysis.gpu``.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from tracer.analysis import gpu as gpu_rules
 from tracer.analysis import senders, units
 from tracer.analysis.evidence import HISTORY_NS, Evidence, PidEvidence, Proc
 from tracer.analysis.units import UnitName, unit_of_cgroup
@@ -32,9 +37,13 @@ from tracer.events import (
     Exit,
     KmsgOom,
     OomKill,
+    ProbeSample,
     Signal,
+    UnitInfo,
     signal_name,
 )
+
+CONTAINER_KINDS = ("podman", "docker", "containerd", "crio", "k8s")
 
 CGROUP_OOM = "cgroup_oom"
 GLOBAL_OOM = "global_oom"
@@ -141,6 +150,8 @@ class Analyzer:
         self._ended: dict[str, tuple[int, int]] = {}  # unit key -> (main pid, exit ts)
         self._links: list[tuple[int, str, int, int, int]] = []  # ts, unit, old, new, downtime
         self._cause: dict[int, str] = {}  # pid -> cause of its last verdict
+        self._checks: set[int] = set()  # pids of exec health checks (ProbeSample.pid)
+        self._first: dict[int, int] = {}  # container cgroup id -> its main process
         self._now = 0
 
     @property
@@ -170,16 +181,28 @@ class Analyzer:
     def feed(self, ev: Event) -> list[Verdict]:
         self._now = max(self._now, ev.ts)
         self.ev.add(ev)
-        if isinstance(ev, Exec):
+        if isinstance(ev, Exec) and not senders.is_runtime_plumbing(ev.comm):
             # a process starts being what it is (and which unit it belongs to) at exec
             self._units.pop(ev.pid, None)
+            self._first.setdefault(ev.cgroup_id, ev.pid)
             self._note_start(ev.pid, ev.ts)
-        if isinstance(ev, Exit):
+        if isinstance(ev, UnitInfo) and ev.main_pid:
+            self._first.setdefault(ev.cgroup_id, ev.main_pid)
+        if isinstance(ev, ProbeSample) and ev.pid:
+            self._checks.add(ev.pid)
+            self._pending = [e for e in self._pending if e.pid != ev.pid]
+        if isinstance(ev, Exit) and ev.pid in self._checks:
+            # a runtime's exec health check: a probe sample already, not a unit's process
+            self._checks.discard(ev.pid)
+        elif isinstance(ev, Exit) and not (senders.is_runtime_plumbing(ev.comm) and ev.status == 0):
+            # (a container runtime's own setup processes ending normally are not judged)
             self._pending.append(ev)
             proc = self.ev.proc(ev.pid)
             unit = self._unit(ev.pid, proc)
             if unit is not None and self._is_main(ev.pid, proc, unit):
                 self._ended[unit.key] = (ev.pid, ev.ts)
+                if self._first.get(proc.cgroup_id) == ev.pid:
+                    del self._first[proc.cgroup_id]  # the next program there is the new main
         return self._judge_due(self._now - SETTLE_NS)
 
     def finish(self) -> list[Verdict]:
@@ -208,7 +231,9 @@ class Analyzer:
 
     # -- units and restarts -----------------------------------------------------------------
 
-    def _unit(self, pid: int, proc: Proc) -> UnitName | None:
+    def _unit(self, pid: int, proc: Proc, depth: int = 0) -> UnitName | None:
+        """A container or systemd unit by cgroup; else a program under a process supervisor;
+        else whatever its parent belongs to; at the top, the recorded command itself."""
         if pid in self._units:
             return self._units[pid]
         info = self.ev.units.get(proc.cgroup_id)
@@ -222,24 +247,33 @@ class Analyzer:
             if parent is not None and proc.filename and senders.is_process_supervisor(parent.comm):
                 # a program run by supervisord & co.: its own unit, restarted by the supervisor
                 unit = units.supervised(parent.comm, parent.pid, proc.filename)
+            elif parent is not None and parent.pid != pid and depth < 64:
+                unit = self._unit(parent.pid, parent, depth + 1)
             else:
-                # Not a container or service: the unit is the recorded command tree, named
-                # after its topmost known ancestor.
-                top, seen = proc, {pid}
-                while top.ppid and top.ppid in self.ev.procs and top.ppid not in seen:
-                    seen.add(top.ppid)
-                    top = self.ev.procs[top.ppid]
-                unit = UnitName("command", str(top.pid), f"{top.comm or '?'} (pid {top.pid})")
+                unit = UnitName("command", str(pid), f"{proc.comm or '?'} (pid {pid})")
         self._units[pid] = unit
         return unit
 
     def _is_main(self, pid: int, proc: Proc, unit: UnitName | None) -> bool:
         if unit is None:
             return True
+        if unit.kind in CONTAINER_KINDS and proc.cgroup_id in self._first:
+            # a container's main process is the first program started in its cgroup; later
+            # ones came in through `exec` (health checks, debugging shells)
+            return self._first[proc.cgroup_id] == pid
         parent = self.ev.procs.get(proc.ppid)
+        seen = {pid}
+        # look through the runtime's setup processes to whoever started the container
+        while (
+            parent is not None
+            and senders.is_runtime_plumbing(parent.comm)
+            and (parent.pid not in seen)
+        ):
+            seen.add(parent.pid)
+            parent = self.ev.procs.get(parent.ppid)
         if parent is None:
             return True
-        return self._unit(proc.ppid, parent) != unit
+        return self._unit(parent.pid, parent) != unit
 
     def _note_start(self, pid: int, ts: int) -> None:
         proc = self.ev.proc(pid)
@@ -268,6 +302,8 @@ class Analyzer:
 
         if (ooms or kmsg) and ws.signal == _signal.SIGKILL:
             v = self._oom_verdict(ex, ooms, kmsg, signals, exit_ev)
+        elif (gpu_v := self._gpu_verdict(ex, since, signals, exit_ev)) is not None:
+            v = gpu_v
         elif ws.signal is not None:
             v = self._signal_verdict(
                 ex, signals, bool(ooms or kmsg), exit_ev, unit.label if unit else None
@@ -276,6 +312,49 @@ class Analyzer:
             v = self._app_exit(ex, pe, bool(ooms or kmsg), exit_ev)
         self._cause[ex.pid] = v.cause
         return _replace(v, unit=unit.label if unit else None, main=main)
+
+    def _gpu_verdict(
+        self, ex: Exit, since: int, signals: list[Signal], exit_ev: Evidence_
+    ) -> Verdict | None:
+        """gpu_oom, device_reset, or an app_exit that GPU evidence explains (a recovered GPU
+        OOM, an Xid 31/43 fault): the rules are in tracer/analysis/gpu.py."""
+        f = gpu_rules.facts(self.ev.gpu, ex, since)
+        if not (f.user or f.device_down):
+            return None
+        ws = ex.wait
+        crash = None
+        own_doing = ws.signal is None
+        if ws.signal is not None:
+            name = signal_name(ws.signal)
+            match = [s for s in signals if s.sig == ws.signal]
+            # abort() and faults are raised by the process itself (sender == the process); the
+            # OOM killer's and other processes' signals are not its own doing
+            own_doing = match[-1].sender_pid == ex.pid if match else ws.signal in _SELF_INFLICTED
+            crash = f"aborted ({name})" if ws.signal == _signal.SIGABRT else f"died of {name}"
+        finding = gpu_rules.judge(f, ex, exit_ev, own_doing=own_doing, crash=crash)
+        if finding is None:
+            return None
+        evidence = finding.evidence
+        raised = [s for s in signals if s.sig == ws.signal and s.sender_pid == ex.pid]
+        if raised:
+            what = f"{signal_name(raised[-1].sig)} raised by the process itself"
+            evidence = tuple(sorted([*evidence, (raised[-1].ts, what)]))
+        return Verdict(
+            ts=ex.ts,
+            pid=ex.pid,
+            comm=ex.comm,
+            cause=finding.cause,
+            confidence=finding.confidence,
+            summary=finding.summary,
+            advice=finding.advice,
+            evidence=evidence,
+            disagreements=finding.disagreements,
+            exit_code=ws.code,
+            signal=signal_name(ws.signal) if ws.signal is not None else None,
+            limit_bytes=finding.limit_bytes,
+            usage_bytes=finding.usage_bytes,
+            peak_bytes=finding.peak_bytes,
+        )
 
     def _app_exit(self, ex: Exit, pe: PidEvidence, had_oom: bool, exit_ev: Evidence_) -> Verdict:
         code = ex.wait.code if ex.wait.code is not None else -1
@@ -455,7 +534,7 @@ class Analyzer:
             confidence = MEDIUM
         evidence.sort()
         if memcg:
-            where = limit_path or "a memory cgroup"
+            where = self._cgroup_words(limit_id, limit_path)
             whose = {"own": "its own cgroup", "ancestor": "the ancestor"}.get(scope or "", "")
             summary = f"OOM-killed: {where} hit its limit {fmt_bytes(limit_bytes)}" + (
                 f" ({whose})" if whose else ""
@@ -500,6 +579,13 @@ class Analyzer:
             host_available=host_avail,
         )
 
+    def _cgroup_words(self, cgroup_id: int, path: str | None) -> str:
+        """A cgroup as users know it: the container or service it is, else its path."""
+        info = self.ev.units.get(cgroup_id)
+        if info is not None:
+            return units.from_info(info.kind, info.unit_id, info.name, info.pod).label
+        return path or "a memory cgroup"
+
     def _oom_counter(self, cgroup_id: int, oom_ts: int) -> Evidence_ | None:
         """memory.events oom_kill (v2) / memory.oom_control oom_kill (v1) rising across the
         kill: a third, independent source."""
@@ -515,7 +601,12 @@ class Analyzer:
         last: CgroupSample | None = None
         for s in self.ev.samples_between(ex.cgroup_id, oom_ts - 5 * SECOND, oom_ts):
             last = s
-        if last is not None and last.stat:
+        fresh = last is not None and (
+            km is None
+            or km.anon_rss_kb is None
+            or (last.usage_bytes or 0) * 2 >= km.anon_rss_kb * 1024
+        )
+        if last is not None and last.stat and fresh:
             keys = ("anon", "file", "shmem", "file_mapped")
             return tuple((k, last.stat[k]) for k in keys if k in last.stat)
         if km is not None:
@@ -666,6 +757,22 @@ class Analyzer:
             kernel=last.si_code == SI_KERNEL,
             supervisor_pids=self.supervisor_pids,
         )
+        if who.role == senders.ROLE_KERNEL and not ws.core_dumped and last.si_code == SI_KERNEL:
+            return Verdict(
+                ts=ex.ts,
+                pid=ex.pid,
+                comm=ex.comm,
+                cause=SIGNAL_KILL,
+                confidence=MEDIUM,
+                summary=f"killed by the kernel with {name} (not an OOM kill: e.g. the init "
+                "process of its container or PID namespace exited and took it down)",
+                advice="look at why its container's main process ended: this process went "
+                "down with it",
+                evidence=((last.ts, f"{name} sent by the kernel"), exit_ev),
+                disagreements=disagree,
+                signal=name,
+                sender_role=who.role,
+            )
         if who.role in (senders.ROLE_SELF, senders.ROLE_KERNEL):
             # A fault the process raised itself (si_code > 0: SIGSEGV, SIGBUS, SIGFPE...) or
             # abort(): the application crashed.
@@ -698,7 +805,10 @@ class Analyzer:
         ]
         evidence.append(exit_ev)
         # A stop: SIGTERM first, then SIGKILL from the same sender after the grace period.
-        term = [s for s in signals if s.sig == _signal.SIGTERM and s.sender_pid == last.sender_pid]
+        # (runtimes send each signal from a new `runc kill` process: match the sender by name)
+        term = [
+            s for s in signals if s.sig == _signal.SIGTERM and s.sender_comm == last.sender_comm
+        ]
         if ws.signal == _signal.SIGKILL and term:
             grace = (last.ts - term[0].ts) / 1e9
             how = f"SIGTERM, then SIGKILL {grace:.1f} s later (the stop grace period ran out)"
@@ -751,6 +861,13 @@ class Analyzer:
 
 
 PROBE_WINDOW_NS = 60 * SECOND
+
+
+# Signals a process raises on itself (abort(), faults): without a signal event for the exit,
+# these are taken as its own doing.
+_SELF_INFLICTED = frozenset(
+    {_signal.SIGABRT, _signal.SIGSEGV, _signal.SIGBUS, _signal.SIGFPE, _signal.SIGILL}
+)
 
 
 def _replace(v: Verdict, **changes: Any) -> Verdict:

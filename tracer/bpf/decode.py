@@ -12,7 +12,18 @@ from collections.abc import Callable, Iterable
 from typing import Literal
 
 from tracer.bpf import layout
-from tracer.events import Event, Exec, Exit, Fork, OomKill, ReclaimStall, Signal
+from tracer.events import (
+    CgroupMkdir,
+    Event,
+    Exec,
+    Exit,
+    Fork,
+    GpuAllocFailure,
+    GpuOomRecovered,
+    OomKill,
+    ReclaimStall,
+    Signal,
+)
 
 
 def _str(raw: bytes) -> str:
@@ -25,6 +36,8 @@ _OOM = layout.struct_of(layout.WrOom)
 _FORK = layout.struct_of(layout.WrFork)
 _EXEC = layout.struct_of(layout.WrExec)
 _STALL = layout.struct_of(layout.WrStall)
+_MKDIR = layout.struct_of(layout.WrCgroupMkdir)
+_GPU_ALLOC = layout.struct_of(layout.WrGpuAlloc)
 
 # Header fields, in order: type size rung _pad ts_ns pid tgid cgroup_id comm
 _BYTEORDER: Literal["little", "big"] = "little" if sys.byteorder == "little" else "big"
@@ -44,6 +57,9 @@ class Decoder:
             layout.EV_FORK: (_FORK.size, self._fork),
             layout.EV_EXEC: (_EXEC.size, self._exec),
             layout.EV_STALL: (_STALL.size, self._stall),
+            layout.EV_CGROUP_MKDIR: (_MKDIR.size, self._mkdir),
+            layout.EV_GPU_ALLOC_FAIL: (_GPU_ALLOC.size, self._gpu_alloc_fail),
+            layout.EV_GPU_ALLOC_RECOVERED: (_GPU_ALLOC.size, self._gpu_alloc_recovered),
         }
 
     def decode(self, raw: bytes) -> Event | None:
@@ -145,3 +161,45 @@ class Decoder:
             reclaimed_bytes=pages * self.page_size,
             rung=layout.RUNG_NAMES.get(rung, str(rung)),
         )
+
+    @staticmethod
+    def _gpu_alloc_fail(raw: bytes) -> Event:
+        (_, _, _, _, ts, tid, tgid, cg, comm, req, held, peak, fails, func, result) = (
+            _GPU_ALLOC.unpack_from(raw)
+        )
+        return GpuAllocFailure(
+            ts=ts,
+            pid=tgid,
+            tid=tid,
+            comm=_str(comm),
+            cgroup_id=cg,
+            function=layout.GPU_FUNCS.get(func, f"func{func}"),
+            requested_bytes=req,
+            result=result,
+            held_bytes=held,
+            peak_bytes=peak,
+            failures=fails,
+        )
+
+    @staticmethod
+    def _gpu_alloc_recovered(raw: bytes) -> Event:
+        (_, _, _, _, ts, tid, tgid, cg, comm, req, held, peak, fails, func, _result) = (
+            _GPU_ALLOC.unpack_from(raw)
+        )
+        return GpuOomRecovered(
+            ts=ts,
+            pid=tgid,
+            tid=tid,
+            comm=_str(comm),
+            cgroup_id=cg,
+            function=layout.GPU_FUNCS.get(func, f"func{func}"),
+            requested_bytes=req,
+            held_bytes=held,
+            peak_bytes=peak,
+            failures=fails,
+        )
+
+    @staticmethod
+    def _mkdir(raw: bytes) -> Event:
+        (_, _, _, _, ts, _pid, _tgid, _cg, _comm, cid, level, _hid, path) = _MKDIR.unpack_from(raw)
+        return CgroupMkdir(ts=ts, cgroup_id=cid, path=_str(path), level=level)

@@ -59,18 +59,28 @@ RETARGETED = ("high_fentry", "high_fexit", "high_kprobe", "high_kretprobe")
 TRAMPOLINE_SECTIONS = ("fentry/", "fexit/", "fmod_ret/")
 
 
+def fnv1a64(data: bytes) -> int:
+    """FNV-1a, 64 bit: the hash handle_mkdir computes over a new cgroup's path."""
+    h = 0xCBF29CE484222325
+    for b in data:
+        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
 def kernel_function(candidates: tuple[str, ...], kallsyms: str = "/proc/kallsyms") -> str | None:
-    """The first of ``candidates`` that this kernel has as a function symbol."""
+    """The first of ``candidates`` that this kernel has as a function symbol.
+
+    A byte search of the whole file: building a set of its ~200,000 names took 0.6 s."""
     try:
         with open(kallsyms, "rb") as f:
-            names = {
-                parts[2].decode()
-                for line in f
-                if len(parts := line.split()) >= 3 and parts[1] in (b"T", b"t")
-            }
+            data = f.read()
     except OSError:
         return None
-    return next((c for c in candidates if c in names), None)
+    for c in candidates:
+        name = c.encode()
+        if b" T " + name + b"\n" in data or b" t " + name + b"\n" in data:
+            return c
+    return None
 
 
 _FAILED_PROG = re.compile(r"prog '(\w+)': (?:.*fail|.*error|.*invalid|.*not)", re.IGNORECASE)
@@ -221,6 +231,12 @@ class Probe:
 
     def watch_pid(self, pid: int) -> None:
         self.watched_pids.update(ctypes.c_uint32(pid), ctypes.c_uint8(1))
+
+    def follow_path(self, path: str) -> None:
+        """Watch any cgroup later created at this path, from the kernel (see handle_mkdir)."""
+        self.obj.map("follow_paths").update(
+            ctypes.c_uint64(fnv1a64(path.encode())), ctypes.c_uint8(1)
+        )
 
     def watch_cgroup(self, cgroup_id: int) -> None:
         self.watched_cgroups.update(ctypes.c_uint64(cgroup_id), ctypes.c_uint8(1))

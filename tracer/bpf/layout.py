@@ -14,7 +14,8 @@ from typing import Any
 COMM_LEN = 16
 FILENAME_LEN = 128
 
-EV_EXIT, EV_SIGNAL, EV_OOM, EV_FORK, EV_EXEC, EV_STALL = 1, 2, 3, 4, 5, 6
+EV_EXIT, EV_SIGNAL, EV_OOM, EV_FORK, EV_EXEC, EV_STALL, EV_CGROUP_MKDIR = 1, 2, 3, 4, 5, 6, 7
+CGROUP_PATH_LEN = 256
 
 STALL_KINDS = {1: "memcg", 2: "direct", 3: "high"}
 
@@ -86,6 +87,16 @@ class WrStall(ctypes.Structure):
     ]
 
 
+class WrCgroupMkdir(ctypes.Structure):
+    _fields_ = [
+        ("h", WrHdr),
+        ("id", u64),
+        ("level", u32),
+        ("hierarchy_id", u32),
+        ("path", ctypes.c_char * CGROUP_PATH_LEN),
+    ]
+
+
 class WrReclaimKey(ctypes.Structure):
     _fields_ = [("cgroup_id", u64), ("kind", u32), ("_pad", u32)]
 
@@ -106,7 +117,59 @@ class WrConfig(ctypes.Structure):
         ("self_tgid", u32),
         ("watch_cgroups", u32),
         ("stall_threshold_ns", u64),
+        ("follow_cgroups", u32),
+        ("hierarchy_id", u32),
     ]
+
+
+# --- GPU: bpf/gpu.bpf.c, a separate object (its records share WrHdr) --------------------------
+
+EV_GPU_ALLOC_FAIL, EV_GPU_ALLOC_RECOVERED = 16, 17
+RUNG_UPROBE = 5  # WR_RUNG_UPROBE: the hdr.rung of gpu.bpf.o's records
+RUNG_NAMES[RUNG_UPROBE] = "uprobe"
+
+# enum wr_gpu_func -> the libcuda entry point it stands for
+GPU_FUNCS = {
+    1: "cuMemAlloc_v2",
+    2: "cuMemAllocManaged",
+    3: "cuMemAllocPitch_v2",
+    4: "cuMemAllocAsync",
+    5: "cuMemAllocAsync_ptsz",
+    6: "cuMemAllocFromPoolAsync",
+    7: "cuMemAllocFromPoolAsync_ptsz",
+    8: "cuMemCreate",
+}
+
+
+class WrGpuAlloc(ctypes.Structure):
+    _fields_ = [
+        ("h", WrHdr),
+        ("requested", u64),
+        ("held_bytes", u64),
+        ("peak_bytes", u64),
+        ("failures", u64),
+        ("func", u32),
+        ("result", s32),
+    ]
+
+
+class WrGpuStats(ctypes.Structure):
+    _fields_ = [
+        ("held_bytes", u64),
+        ("peak_bytes", u64),
+        ("allocs", u64),
+        ("failures", u64),
+        ("pending", u64),
+        ("untracked", u64),
+    ]
+
+
+class WrGpuLiveKey(ctypes.Structure):
+    _fields_ = [("tgid", u32), ("_pad", u32), ("ptr", u64)]
+
+
+class WrGpuConfig(ctypes.Structure):
+    _fields_ = [("filter_all", u32), ("memcg_v1", u32), ("self_tgid", u32), ("_pad", u32)]
 
 
 # C struct name -> mirror, for the layout test.
@@ -118,10 +181,21 @@ STRUCTS: dict[str, type[ctypes.Structure]] = {
     "wr_fork": WrFork,
     "wr_exec": WrExec,
     "wr_stall": WrStall,
+    "wr_cgroup_mkdir": WrCgroupMkdir,
     "wr_reclaim_key": WrReclaimKey,
     "wr_reclaim_stats": WrReclaimStats,
     "wr_config": WrConfig,
 }
+
+# The GPU object's structs, checked against bpf/gpu.bpf.o's BTF (wr_hdr is in both objects).
+GPU_STRUCTS: dict[str, type[ctypes.Structure]] = {
+    "wr_hdr": WrHdr,
+    "wr_gpu_alloc": WrGpuAlloc,
+    "wr_gpu_stats": WrGpuStats,
+    "wr_gpu_live_key": WrGpuLiveKey,
+    "wr_gpu_config": WrGpuConfig,
+}
+STRUCTS.update(GPU_STRUCTS)
 
 _CODES: dict[Any, str] = {u16: "H", u32: "I", s32: "i", u64: "Q"}
 

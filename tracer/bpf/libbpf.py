@@ -89,6 +89,12 @@ class _Lib:
             "bpf_program__autoload": (ctypes.c_bool, [c_void_p]),
             "bpf_program__attach": (c_void_p, [c_void_p]),
             "bpf_program__attach_kprobe": (c_void_p, [c_void_p, ctypes.c_bool, c_char_p]),
+            # (prog, retprobe, pid, binary_path, func_offset): offset in the file, pid -1 for
+            # every process that maps the binary
+            "bpf_program__attach_uprobe": (
+                c_void_p,
+                [c_void_p, ctypes.c_bool, c_int, c_char_p, c_size_t],
+            ),
             "bpf_program__set_attach_target": (c_int, [c_void_p, c_int, c_char_p]),
             "bpf_link__destroy": (c_int, [c_void_p]),
             "bpf_map__fd": (c_int, [c_void_p]),
@@ -197,6 +203,19 @@ class Program:
             err = _err()
             step = f"attaching {where}"
             raise BpfError(step, err, _fix_for(step, err))
+        return Link(link)
+
+    def attach_uprobe(self, binary: str, offset: int, *, retprobe: bool, pid: int = -1) -> Link:
+        """Attach a SEC("uprobe")/SEC("uretprobe") program at a file offset of ``binary``
+        (uprobes are keyed by inode: every process mapping that file triggers it when ``pid``
+        is -1)."""
+        link = lib().dll.bpf_program__attach_uprobe(
+            self.ptr, retprobe, pid, binary.encode(), offset
+        )
+        if not link:
+            err = _err()
+            kind = "uretprobe" if retprobe else "uprobe"
+            raise BpfError(f"attaching {kind} {self.name} to {binary}+{offset:#x}", err)
         return Link(link)
 
 

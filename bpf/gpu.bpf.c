@@ -1,0 +1,389 @@
+// SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause)
+/*
+ * whyrestart's GPU side: device allocations that fail inside a process, caught where the CUDA
+ * driver library returns CUDA_ERROR_OUT_OF_MEMORY. NVML sees how much memory a process holds,
+ * never the allocation it was refused; only the driver library's return value says that.
+ *
+ * A separate object from whyrestart.bpf.o, with its own ring buffer and maps, so that a libcuda
+ * problem can never stop exits and OOM kills from being recorded (and the other way round).
+ *
+ * User space (tracer/bpf/gpuprobe.py) attaches these programs to the libcuda.so.1 file that a
+ * watched process maps, once per file for every process (pid -1): the kernel keys uprobes by
+ * inode, so every later process mapping the same library is covered from its first call. The
+ * programs therefore filter on gpu_watched, which user space fills with the same pids the main
+ * object watches.
+ *
+ * For each allocation entry point there is an entry program (saves the requested size and where
+ * the result will be written, keyed by thread and function: a driver entry point may call
+ * another one) and a return program (reads the CUresult). A failure is sent at once; the first
+ * success after failures is sent too (a "recovered" GPU OOM: PyTorch and XLA free their caches
+ * and retry). Every success and free updates the process's held bytes and high-water mark in
+ * gpu_stats, so a failure record says how much the process already held.
+ *
+ * One program per entry point rather than one program with a bpf_cookie per attachment: cookies
+ * need 5.15, and production hosts still run 5.10.
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_core_read.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+
+#include "events.h"
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+const volatile struct wr_gpu_config gcfg = {};
+
+/* Records are only reached through void pointers; keep their types in the BTF for
+ * tests/test_layout.py (see the same anchor in whyrestart.bpf.c). */
+struct wr_gpu_btf_anchor {
+	struct wr_gpu_alloc alloc;
+	struct wr_gpu_stats stats;
+	struct wr_gpu_live_key live_key;
+	enum wr_gpu_event_type type; /* the enums too: the test checks the Python numbers */
+	enum wr_gpu_func func;
+};
+struct wr_gpu_btf_anchor wr_gpu_btf_anchor __attribute__((used));
+
+/* Allocation failures are rare and user space drains every 10 ms: 1 MiB holds ~10k records,
+ * far more than a process failing in a retry loop sends in that time. */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1024 * 1024);
+} gpu_events SEC(".maps");
+
+/* Watched processes by tgid, filled by user space from the main object's view. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u32);
+	__type(value, __u8);
+} gpu_watched SEC(".maps");
+
+/* Failed ring-buffer reservations, per CPU. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} gpu_lost SEC(".maps");
+
+struct gpu_call_key {
+	__u32 tid;
+	__u32 func;
+};
+
+struct gpu_call {
+	__u64 size;      /* requested bytes */
+	__u64 out;       /* user pointer the driver writes the CUdeviceptr / handle to */
+	__u64 pitch_out; /* cuMemAllocPitch_v2: where the chosen pitch is written */
+	__u64 height;    /* cuMemAllocPitch_v2: rows */
+};
+
+/* Calls in flight. LRU: a thread killed inside the driver never returns, and its entry must
+ * not stay forever. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct gpu_call_key);
+	__type(value, struct gpu_call);
+} gpu_calls SEC(".maps");
+
+/* Per-process bookkeeping and live allocations. User space deletes a GPU process's entries
+ * when it exits; LRU is the safety net for the processes it never hears of (under --all a
+ * process that never execs): their entries age out instead of filling the maps. Frameworks
+ * allocate few large blocks and sub-allocate themselves, so 64k live entries host-wide is
+ * ample and an eviction of a live allocation (its free then goes unseen) stays theoretical. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32);
+	__type(value, struct wr_gpu_stats);
+} gpu_stats SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct wr_gpu_live_key);
+	__type(value, __u64);
+} gpu_live SEC(".maps");
+
+/* The same two helpers as whyrestart.bpf.c (the objects share no code, only events.h): the
+ * cgroup id in the hierarchy user space names cgroups from. */
+static __always_inline struct cgroup *task_cgroup(struct task_struct *task)
+{
+	if (gcfg.memcg_v1) {
+		int id = bpf_core_enum_value(enum cgroup_subsys_id, memory_cgrp_id);
+		struct css_set *cset = BPF_CORE_READ(task, cgroups);
+		struct cgroup_subsys_state *css = NULL;
+
+		if (!cset)
+			return NULL;
+		bpf_core_read(&css, sizeof(css), &cset->subsys[id]);
+		return css ? BPF_CORE_READ(css, cgroup) : NULL;
+	}
+	return BPF_CORE_READ(task, cgroups, dfl_cgrp);
+}
+
+static __always_inline __u64 cgroup_id_of(struct cgroup *cgrp)
+{
+	return cgrp ? BPF_CORE_READ(cgrp, kn, id) : 0;
+}
+
+static __always_inline bool watched(__u32 tgid)
+{
+	if (tgid == gcfg.self_tgid)
+		return false;
+	return gcfg.filter_all || bpf_map_lookup_elem(&gpu_watched, &tgid);
+}
+
+static __always_inline struct wr_gpu_stats *stats_of(__u32 tgid)
+{
+	struct wr_gpu_stats *st = bpf_map_lookup_elem(&gpu_stats, &tgid);
+	struct wr_gpu_stats zero = {};
+
+	if (st)
+		return st;
+	bpf_map_update_elem(&gpu_stats, &tgid, &zero, BPF_NOEXIST);
+	return bpf_map_lookup_elem(&gpu_stats, &tgid);
+}
+
+static __always_inline void emit(__u16 type, __u32 func, int result, __u64 requested,
+				 __u64 held, __u64 peak, __u64 failures)
+{
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+	__u64 id = bpf_get_current_pid_tgid();
+	struct wr_gpu_alloc *e;
+
+	e = bpf_ringbuf_reserve(&gpu_events, sizeof(*e), 0);
+	if (!e) {
+		__u32 zero = 0;
+		__u64 *n = bpf_map_lookup_elem(&gpu_lost, &zero);
+
+		if (n)
+			__sync_fetch_and_add(n, 1);
+		return;
+	}
+	e->h.type = type;
+	e->h.size = sizeof(*e);
+	e->h.rung = WR_RUNG_UPROBE;
+	e->h._pad = 0;
+	e->h.ts_ns = bpf_ktime_get_boot_ns();
+	e->h.pid = (__u32)id;
+	e->h.tgid = id >> 32;
+	e->h.cgroup_id = cgroup_id_of(task_cgroup(task));
+	bpf_get_current_comm(&e->h.comm, sizeof(e->h.comm));
+	e->requested = requested;
+	e->held_bytes = held;
+	e->peak_bytes = peak;
+	e->failures = failures;
+	e->func = func;
+	e->result = result;
+	/* user space drains on a timer: a wake-up per record would only cost */
+	bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+}
+
+static __always_inline int alloc_entry(__u32 func, __u64 out, __u64 size, __u64 pitch_out,
+				       __u64 height)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	struct gpu_call_key key = { .tid = (__u32)id, .func = func };
+	struct gpu_call call = {
+		.size = size, .out = out, .pitch_out = pitch_out, .height = height
+	};
+
+	if (!watched(id >> 32))
+		return 0;
+	bpf_map_update_elem(&gpu_calls, &key, &call, BPF_ANY);
+	return 0;
+}
+
+static __always_inline int alloc_return(__u32 func, int result)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32;
+	struct gpu_call_key key = { .tid = (__u32)id, .func = func };
+	struct gpu_call *call = bpf_map_lookup_elem(&gpu_calls, &key);
+	struct wr_gpu_stats *st;
+	struct wr_gpu_live_key live = {};
+	__u64 size, ptr = 0, old_held, *old;
+
+	if (!call)
+		return 0;
+	size = call->size;
+	live.tgid = tgid;
+	if (result == WR_CUDA_SUCCESS) {
+		if (bpf_probe_read_user(&ptr, sizeof(ptr), (void *)call->out) != 0)
+			ptr = 0;
+		if (call->pitch_out) {
+			__u64 pitch = 0;
+
+			/* the driver may pad rows: what it holds is pitch * height */
+			if (bpf_probe_read_user(&pitch, sizeof(pitch), (void *)call->pitch_out) == 0 &&
+			    pitch)
+				size = pitch * call->height;
+		}
+	}
+	bpf_map_delete_elem(&gpu_calls, &key);
+
+	st = stats_of(tgid);
+	if (!st)
+		return 0;
+	old_held = st->held_bytes;
+	if (result == WR_CUDA_ERROR_OUT_OF_MEMORY) {
+		__sync_fetch_and_add(&st->failures, 1);
+		__sync_fetch_and_add(&st->pending, 1);
+		emit(WR_EV_GPU_ALLOC_FAIL, func, result, size, old_held, st->peak_bytes,
+		     st->pending);
+		return 0;
+	}
+	if (result != WR_CUDA_SUCCESS)
+		return 0;
+
+	__sync_fetch_and_add(&st->allocs, 1);
+	live.ptr = ptr;
+	/* a pointer we still hold was freed by a call we do not probe: replace, not add twice */
+	old = bpf_map_lookup_elem(&gpu_live, &live);
+	if (old) {
+		__sync_fetch_and_add(&st->held_bytes, -*old);
+		bpf_map_delete_elem(&gpu_live, &live);
+	}
+	if (ptr && bpf_map_update_elem(&gpu_live, &live, &size, BPF_NOEXIST) == 0) {
+		__sync_fetch_and_add(&st->held_bytes, size);
+		if (st->held_bytes > st->peak_bytes)
+			st->peak_bytes = st->held_bytes; /* racy max: a high-water mark, not a bill */
+	} else {
+		__sync_fetch_and_add(&st->untracked, 1);
+	}
+	if (st->pending) {
+		/* Racy against a concurrent success in another thread (one extra record at worst);
+		 * an atomic exchange would need BPF cpu v3. */
+		__u64 failures = st->pending;
+
+		st->pending = 0;
+		emit(WR_EV_GPU_ALLOC_RECOVERED, func, result, size, old_held, st->peak_bytes,
+		     failures);
+	}
+	return 0;
+}
+
+static __always_inline int release(__u64 ptr)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	struct wr_gpu_live_key live = { .tgid = id >> 32, .ptr = ptr };
+	struct wr_gpu_stats *st;
+	__u64 *size;
+
+	if (!watched(id >> 32))
+		return 0;
+	size = bpf_map_lookup_elem(&gpu_live, &live);
+	if (!size)
+		return 0;
+	st = bpf_map_lookup_elem(&gpu_stats, &live.tgid);
+	if (st)
+		__sync_fetch_and_add(&st->held_bytes, -*size);
+	bpf_map_delete_elem(&gpu_live, &live);
+	return 0;
+}
+
+/* CUresult is an enum (int): the return register's low 32 bits. */
+#define ALLOC_RETURN(name, func)                                 \
+	SEC("uretprobe")                                         \
+	int BPF_KRETPROBE(name##_ret, long ret)                  \
+	{                                                        \
+		return alloc_return(func, (int)ret);             \
+	}
+
+/* CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) */
+SEC("uprobe")
+int BPF_KPROBE(mem_alloc, void *dptr, __u64 bytesize)
+{
+	return alloc_entry(WR_GPU_MEM_ALLOC, (__u64)dptr, bytesize, 0, 0);
+}
+ALLOC_RETURN(mem_alloc, WR_GPU_MEM_ALLOC)
+
+/* CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags) */
+SEC("uprobe")
+int BPF_KPROBE(mem_alloc_managed, void *dptr, __u64 bytesize)
+{
+	return alloc_entry(WR_GPU_MEM_ALLOC_MANAGED, (__u64)dptr, bytesize, 0, 0);
+}
+ALLOC_RETURN(mem_alloc_managed, WR_GPU_MEM_ALLOC_MANAGED)
+
+/* CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes,
+ *                             size_t Height, unsigned int ElementSizeBytes) */
+SEC("uprobe")
+int BPF_KPROBE(mem_alloc_pitch, void *dptr, void *pitch, __u64 width, __u64 height)
+{
+	return alloc_entry(WR_GPU_MEM_ALLOC_PITCH, (__u64)dptr, width * height, (__u64)pitch,
+			   height);
+}
+ALLOC_RETURN(mem_alloc_pitch, WR_GPU_MEM_ALLOC_PITCH)
+
+/* CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream), and its
+ * per-thread-default-stream twin _ptsz */
+SEC("uprobe")
+int BPF_KPROBE(mem_alloc_async, void *dptr, __u64 bytesize)
+{
+	return alloc_entry(WR_GPU_MEM_ALLOC_ASYNC, (__u64)dptr, bytesize, 0, 0);
+}
+ALLOC_RETURN(mem_alloc_async, WR_GPU_MEM_ALLOC_ASYNC)
+
+SEC("uprobe")
+int BPF_KPROBE(mem_alloc_async_ptsz, void *dptr, __u64 bytesize)
+{
+	return alloc_entry(WR_GPU_MEM_ALLOC_ASYNC_PTSZ, (__u64)dptr, bytesize, 0, 0);
+}
+ALLOC_RETURN(mem_alloc_async_ptsz, WR_GPU_MEM_ALLOC_ASYNC_PTSZ)
+
+/* CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+ *                                  CUstream hStream), and _ptsz */
+SEC("uprobe")
+int BPF_KPROBE(mem_alloc_pool, void *dptr, __u64 bytesize)
+{
+	return alloc_entry(WR_GPU_MEM_ALLOC_FROM_POOL, (__u64)dptr, bytesize, 0, 0);
+}
+ALLOC_RETURN(mem_alloc_pool, WR_GPU_MEM_ALLOC_FROM_POOL)
+
+SEC("uprobe")
+int BPF_KPROBE(mem_alloc_pool_ptsz, void *dptr, __u64 bytesize)
+{
+	return alloc_entry(WR_GPU_MEM_ALLOC_FROM_POOL_PTSZ, (__u64)dptr, bytesize, 0, 0);
+}
+ALLOC_RETURN(mem_alloc_pool_ptsz, WR_GPU_MEM_ALLOC_FROM_POOL_PTSZ)
+
+/* CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+ *                      const CUmemAllocationProp *prop, unsigned long long flags) */
+SEC("uprobe")
+int BPF_KPROBE(mem_create, void *handle, __u64 size)
+{
+	return alloc_entry(WR_GPU_MEM_CREATE, (__u64)handle, size, 0, 0);
+}
+ALLOC_RETURN(mem_create, WR_GPU_MEM_CREATE)
+
+/* Frees: CUresult cuMemFree_v2(CUdeviceptr dptr), cuMemFreeAsync[_ptsz](CUdeviceptr dptr,
+ * CUstream hStream), cuMemRelease(CUmemGenericAllocationHandle handle). Counted at entry: a free
+ * of a pointer the driver handed out does not fail. */
+SEC("uprobe")
+int BPF_KPROBE(mem_free, __u64 dptr)
+{
+	return release(dptr);
+}
+
+SEC("uprobe")
+int BPF_KPROBE(mem_free_async, __u64 dptr)
+{
+	return release(dptr);
+}
+
+SEC("uprobe")
+int BPF_KPROBE(mem_free_async_ptsz, __u64 dptr)
+{
+	return release(dptr);
+}
+
+SEC("uprobe")
+int BPF_KPROBE(mem_release, __u64 handle)
+{
+	return release(handle);
+}

@@ -1,0 +1,124 @@
+"""Tier 1: the recorder's GPU side (tracer/gpu/side.py) without root: which processes it looks
+at, when it looks again, and what it says when uprobes are unavailable. The BPF object is
+pointed at a path that does not exist and /proc at a fixture tree, so nothing here needs the
+kernel; the root tier (test_gpu_root.py) runs the same object for real."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.streams import execd, exit_code, forked, t
+from tracer.events import GpuLibrary, GpuXid
+from tracer.gpu.side import GpuSide
+from tracer.parse.kmsg import KmsgRecord
+
+LIB = "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15"
+
+
+def maps_line(path: str, inode: int = 4242) -> str:
+    return f"7f0000000000-7f0000100000 r-xp 00000000 fd:01 {inode} {path}\n"
+
+
+@pytest.fixture
+def proc(tmp_path: Path) -> Path:
+    root = tmp_path / "proc"
+    for pid, text in {
+        100: maps_line("/usr/bin/python3.11", 1) + maps_line(LIB),
+        200: maps_line("/usr/bin/sleep", 2),
+    }.items():
+        (root / str(pid)).mkdir(parents=True)
+        (root / str(pid) / "maps").write_text(text)
+    return root
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = t(100)
+
+    def __call__(self) -> int:
+        return self.now
+
+
+@pytest.fixture
+def side(proc: Path) -> Iterator[GpuSide]:
+    s = GpuSide(
+        filter_all=False,
+        memcg_v1=True,
+        object_path="/nonexistent/gpu.bpf.o",
+        probe_host=False,
+        proc=str(proc),
+        clock=Clock(),
+    )
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def libs(events: list[object]) -> list[GpuLibrary]:
+    return [e for e in events if isinstance(e, GpuLibrary)]
+
+
+def test_without_the_object_it_says_so_and_still_names_gpu_processes(side: GpuSide) -> None:
+    assert side.rung is None
+    assert side.describe()["uprobes"].startswith("unavailable: opening BPF object")
+    assert any("GPU allocation failures cannot be caught" in w for w in side.warnings)
+    side.watch([100, 200])
+    [lib] = libs(side.poll(t(100)))
+    assert (lib.pid, lib.path, lib.probed, lib.missing) == (100, LIB, "", "")
+    assert lib.error.startswith("uprobes unavailable: opening BPF object /nonexistent")
+    # once known, a process is not looked at again
+    assert libs(side.poll(t(102))) == []
+
+
+def test_a_process_that_maps_the_library_later_is_found_on_the_next_round(
+    side: GpuSide, proc: Path
+) -> None:
+    side.watch([200])
+    assert libs(side.poll(t(100))) == []
+    (proc / "200" / "maps").write_text(maps_line("/usr/bin/sleep", 2) + maps_line(LIB))
+    assert libs(side.poll(t(100.5))) == []  # not yet a second round
+    [lib] = libs(side.poll(t(101.5)))
+    assert lib.pid == 200
+
+
+def test_forks_and_execs_are_followed_and_exits_forgotten(side: GpuSide, proc: Path) -> None:
+    side.watch([1])
+    side.track([forked(100.0, 1, 100, cg=10)])
+    [lib] = libs(side.poll(t(100.1)))
+    assert lib.pid == 100
+    # an exec the scan already saw (the event arrived late) is no reason to look again ...
+    side.track([execd(100.05, 100, cg=10)])
+    assert libs(side.poll(t(100.2))) == []
+    # ... a later exec is: a new program maps anew
+    side.track([execd(100.3, 100, cg=10)])
+    [again] = libs(side.poll(t(100.4)))
+    assert again.pid == 100
+    side.track([exit_code(100.5, 100, 0)])
+    assert libs(side.poll(t(105))) == []
+
+
+def test_under_all_every_process_of_proc_is_looked_at_once(proc: Path) -> None:
+    s = GpuSide(
+        filter_all=True,
+        memcg_v1=True,
+        object_path="/nonexistent/gpu.bpf.o",
+        probe_host=False,
+        proc=str(proc),
+        clock=Clock(),
+    )
+    try:
+        assert [lib.pid for lib in libs(s.poll(t(100)))] == [100]
+        assert libs(s.poll(t(105))) == []
+    finally:
+        s.close()
+
+
+def test_kernel_log_xid_lines(side: GpuSide) -> None:
+    rec = KmsgRecord(3, 0, 7, 1, "NVRM: Xid (PCI:0000:3b:00): 79, pid=100, name=python3, x")
+    [ev] = side.from_kmsg(rec, t(5))
+    assert isinstance(ev, GpuXid) and (ev.xid, ev.pid, ev.ts) == (79, 100, t(5))
+    assert side.from_kmsg(KmsgRecord(6, 0, 8, 2, "eth0: link up"), t(6)) == []

@@ -1,0 +1,247 @@
+"""Tier 3 with a real container runtime: podman (runc, cgroupfs, file events) from Debian's
+packages, a busybox image built here (no registry is reachable), --network=none.
+
+Each test records with ``--container NAME`` while the container runs, and removes every
+container it made. Memory tests always run under the container's --memory limit.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tracer.events import ProbeSample
+from tracer.record import Recorder, RecordResult, Targets
+from tracer.trace.reader import read_trace
+
+pytestmark = pytest.mark.root
+
+DATA = Path(__file__).parent / "data"
+# per test run: a concurrent run removing its image must not take our containers with it
+IMAGE = f"localhost/whyrestart-test-busybox:{os.getpid()}"
+BUSYBOX = "/bin/busybox"
+
+
+def podman(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["podman", *args], capture_output=True, text=True, check=check, timeout=120
+    )
+
+
+@pytest.fixture(scope="module", autouse=True)
+def podman_ready(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    if shutil.which("podman") is None or shutil.which("runc") is None:
+        pytest.skip("podman and runc are not installed (scripts/setup installs them)")
+    if not os.path.exists(BUSYBOX):
+        pytest.skip("busybox-static is not installed (scripts/setup installs it)")
+    # runc, cgroupfs and file events: what works on this kind of host (DEVELOPERS.md)
+    old = os.environ.get("CONTAINERS_CONF")
+    os.environ["CONTAINERS_CONF"] = str(DATA / "runtimes" / "containers.conf")
+    root = tmp_path_factory.mktemp("busybox-root")
+    (root / "bin").mkdir()
+    (root / "tmp").mkdir(mode=0o1777)
+    shutil.copy(BUSYBOX, root / "bin" / "busybox")
+    for cmd in ("sh", "sleep", "cat", "rm", "touch", "dd", "true", "kill"):
+        (root / "bin" / cmd).symlink_to("busybox")
+    tar = root.parent / "busybox.tar"
+    subprocess.run(["tar", "-C", str(root), "-cf", str(tar), "."], check=True)
+    podman("import", str(tar), IMAGE)
+    try:
+        yield
+    finally:
+        podman("rmi", "-f", IMAGE, check=False)
+        if old is None:
+            os.environ.pop("CONTAINERS_CONF", None)
+        else:
+            os.environ["CONTAINERS_CONF"] = old
+
+
+@pytest.fixture
+def name() -> Iterator[str]:
+    n = f"wr-test-{os.getpid()}-{time.monotonic_ns() % 100000}"
+    yield n
+    podman("rm", "-f", "-t", "0", n, check=False)
+
+
+def record_while(
+    tmp_path: Path, container: str, action: Callable[[], None], **targets: object
+) -> RecordResult:
+    """Record --container while ``action`` drives it; stop once it is done."""
+    rec = Recorder(
+        str(tmp_path / "c.trace"), Targets(containers=[container], **targets), duration=120
+    )  # type: ignore[arg-type]
+    out: dict[str, RecordResult] = {}
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            out["res"] = rec.run()
+        except BaseException as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=run)
+    t.start()
+    try:
+        while rec.header is None and t.is_alive():  # attached and writing
+            time.sleep(0.05)
+        action()
+        time.sleep(1.5)  # let the last exit settle
+    finally:
+        rec.stop.set("test done")
+        t.join(timeout=60)
+    if errors:
+        raise errors[0]
+    return out["res"]
+
+
+def state(name: str) -> tuple[str, int, str]:
+    st, count, oom = podman(
+        "inspect", "-f", "{{.State.Status}} {{.RestartCount}} {{.State.OOMKilled}}", name
+    ).stdout.split()
+    return st, int(count), oom
+
+
+def wait_for(pred: Callable[[], bool], seconds: float = 60) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if pred():
+            return
+        time.sleep(0.2)
+    raise AssertionError("condition not reached")
+
+
+def test_oom_restarts_are_linked_and_agree_with_podman(tmp_path: Path, name: str) -> None:
+    podman(
+        "create",
+        "--name",
+        name,
+        "--network=none",
+        "--memory=64m",
+        "--restart=on-failure:2",
+        IMAGE,
+        "dd",
+        "if=/dev/zero",
+        "of=/dev/null",
+        "bs=100M",
+        "count=1",
+    )
+
+    def start_and_wait() -> None:
+        podman("start", name)
+        wait_for(lambda: state(name)[:2] == ("exited", 2))
+        time.sleep(1.0)  # podman shows "exited" between restarts too: make sure it stays
+
+    res = record_while(tmp_path, name, start_and_wait)
+    st, count, oom_claim = state(name)
+    print(
+        f"podman says: state={st} RestartCount={count} OOMKilled={oom_claim}; "
+        f"whyrestart says: {[v.cause for v in res.verdicts]}"
+    )
+    assert [(v.cause, v.unit, v.main) for v in res.verdicts] == [
+        ("cgroup_oom", f"podman {name}", True)
+    ] * 3
+    assert all(v.limit_bytes == 64 * 1024 * 1024 and v.limit_cgroup for v in res.verdicts)
+    assert [r.cause for r in res.restarts] == ["cgroup_oom", "cgroup_oom"]
+    assert res.restart_counts == [(f"podman {name}", 2, 2, "podman")]
+
+
+def test_a_failing_health_check_with_kill_on_failure_is_a_probe_kill(
+    tmp_path: Path, name: str
+) -> None:
+    podman(
+        "run",
+        "-d",
+        "--name",
+        name,
+        "--network=none",
+        "--health-cmd",
+        "cat /tmp/ok",
+        "--health-retries",
+        "1",
+        "--health-interval",
+        "0",
+        "--health-on-failure=kill",
+        IMAGE,
+        "sh",
+        "-c",
+        "touch /tmp/ok; sleep 8; rm /tmp/ok; sleep 300",
+    )
+
+    def drive_health_checks() -> None:
+        # no systemd timers here: run the checks the way a timer would
+        def check_once() -> bool:
+            podman("healthcheck", "run", name, check=False)
+            return state(name)[0] != "running"
+
+        wait_for(check_once)
+
+    res = record_while(tmp_path, name, drive_health_checks)
+    probes = [e for e in read_trace(res.path).events if isinstance(e, ProbeSample)]
+    assert probes and probes[0].ok and not probes[-1].ok
+    assert all(p.target == "healthcheck" and p.unit == f"podman {name}" for p in probes)
+    main = [v for v in res.verdicts if v.main]
+    assert [v.cause for v in main] == ["probe_kill"]
+    assert main[0].sender_role == "supervisor"
+    assert sum("probe healthcheck" in what for _, what in main[0].evidence) >= 1
+
+
+def test_podman_stop_is_a_signal_kill_by_the_runtime(tmp_path: Path, name: str) -> None:
+    # sh as PID 1 of the container ignores SIGTERM: podman stop has to SIGKILL after the grace
+    podman(
+        "run",
+        "-d",
+        "--name",
+        name,
+        "--network=none",
+        "--stop-timeout",
+        "2",
+        IMAGE,
+        "sh",
+        "-c",
+        "sleep 300",
+    )
+    res = record_while(tmp_path, name, lambda: podman("stop", name) and None)
+    main = [v for v in res.verdicts if v.main]
+    assert [v.cause for v in main] == ["signal_kill"]
+    assert main[0].sender_role == "supervisor"
+    assert "SIGTERM, then SIGKILL" in main[0].summary
+
+
+def test_supervisord_restarts_are_linked_with_their_causes(tmp_path: Path) -> None:
+    """A program under supervisord (not a container: a process supervisor) that keeps
+    failing: each exit is judged, and each restart links the old and new process."""
+    supervisord = shutil.which("supervisord")
+    if supervisord is None:
+        pytest.skip("supervisor (PyPI) is not installed (scripts/setup installs the dev extra)")
+    conf = tmp_path / "supervisord.conf"
+    conf.write_text(f"""[supervisord]
+nodaemon=true
+logfile={tmp_path}/supervisord.log
+pidfile={tmp_path}/supervisord.pid
+[program:worker]
+command=/bin/sh -c "sleep 0.4; exit 3"
+autorestart=true
+startsecs=0
+startretries=100
+""")
+    res = Recorder(
+        str(tmp_path / "s.trace"),
+        Targets(command=["timeout", "-s", "TERM", "6", supervisord, "-c", str(conf)]),
+        duration=30,
+    ).run()
+    worker = [v for v in res.verdicts if v.unit == "sh under supervisord"]
+    mains = [v for v in worker if v.main]
+    assert len(mains) >= 3
+    assert {v.comm for v in worker if not v.main} == {"sleep"}  # the program's own child
+    # the last one may be stopped by supervisord's own shutdown (SIGTERM) instead
+    assert all((v.cause, v.exit_code) == ("app_exit", 3) for v in mains[:-1])
+    links = [r for r in res.restarts if r.unit == "sh under supervisord"]
+    assert len(links) == len(mains) - 1
+    assert all(r.cause == "app_exit" for r in links)

@@ -1,0 +1,291 @@
+"""``whyrestart repro``: option parsing, judging a run, the comparison (tier 1), and a real
+experiment under two memory limits (tier 3, root: real OOM kills in child memory cgroups; every
+run has a limit, so the host is never at risk)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from click.testing import CliRunner
+
+from tracer.analysis.verdicts import Verdict
+from tracer.cli import main
+from tracer.errors import UsageError
+from tracer.repro import (
+    KILLED,
+    MEMORY_HIGH,
+    MEMORY_MAX,
+    PROBE_TIMEOUT,
+    SURVIVED,
+    Comparison,
+    Experiment,
+    Plan,
+    RunResult,
+    Setting,
+    deciding_verdict,
+    in_cgroup,
+    judge,
+    make_plan,
+    parse_size,
+)
+
+MiB = 1024 * 1024
+
+# Allocates (and touches) ~100 MiB, then exits 0.
+HOG = (
+    "import time\n"
+    "chunks = []\n"
+    "for _ in range(100):\n"
+    "    chunks.append(b'x' * (1 << 20))\n"
+    "    time.sleep(0.002)\n"
+    "print('allocated', len(chunks), 'MiB')\n"
+)
+
+
+# -- parsing ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("64M", 64 * MiB),
+        ("64m", 64 * MiB),
+        ("512Mi", 512 * MiB),
+        ("1G", 1024 * MiB),
+        ("1.5G", 1536 * MiB),
+        ("2GiB", 2048 * MiB),
+        ("4k", 4096),
+        ("67108864", 64 * MiB),
+        (" 32M ", 32 * MiB),
+    ],
+)
+def test_parse_size(text: str, expected: int) -> None:
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "M", "-1M", "0", "12X", "1.5", "ten", "1e6"])
+def test_parse_size_rejects(text: str) -> None:
+    with pytest.raises(UsageError):
+        parse_size(text)
+
+
+def _plan(**kw: Any) -> Plan:
+    args: dict[str, Any] = {
+        "memory_max": None,
+        "memory_high": None,
+        "probe_timeout": None,
+        "command": ["true"],
+        "repeats": 1,
+        "probe": None,
+        "probe_interval": None,
+        "probe_failures": 3,
+        "probe_delay": None,
+        "duration": None,
+        "out_dir": "out",
+        "parent_cgroup": None,
+        "memory_version": 1,
+    }
+    args.update(kw)
+    return make_plan(**args)
+
+
+def test_plan_varies_the_listed_setting() -> None:
+    p = _plan(memory_max="32M,256M")
+    assert p.kind == MEMORY_MAX
+    assert p.settings == [Setting("32M", 32 * MiB), Setting("256M", 256 * MiB)]
+    assert [(s.text, r) for s, r in p.runs()] == [("32M", 1), ("256M", 1)]
+    p = _plan(memory_max="1G", memory_high="256M,512M", memory_version=2, repeats=2)
+    assert p.kind == MEMORY_HIGH and p.memory_max == 1024 * MiB
+    assert len(p.runs()) == 4
+    p = _plan(probe_timeout="500ms,2s", probe="tcp://127.0.0.1:9", memory_max="1G")
+    assert p.kind == PROBE_TIMEOUT
+    assert [s.value for s in p.settings] == [0.5, 2.0]
+    assert p.fixed()["memory_max_bytes"] == 1024 * MiB
+
+
+@pytest.mark.parametrize(
+    ("kw", "needle"),
+    [
+        ({}, "nothing to vary"),
+        ({"memory_max": "1G", "command": []}, "no command"),
+        ({"memory_high": "1G,2G"}, "needs cgroup v2"),
+        ({"memory_max": "1G,2G", "memory_high": "1G,2G", "memory_version": 2}, "both list"),
+        ({"memory_max": "1G", "memory_high": "2G", "memory_version": 2}, "which one varies"),
+        ({"probe_timeout": "1,2"}, "needs --probe"),
+        ({"memory_max": "1G,,2G"}, "empty value"),
+        ({"memory_max": "1G", "repeats": 0}, "--runs"),
+        ({"memory_max": "1G", "probe_interval": "1"}, "need --probe"),
+        ({"memory_max": "1G", "memory_version": None}, "memory controller"),
+    ],
+)
+def test_plan_errors(kw: dict[str, Any], needle: str) -> None:
+    with pytest.raises(UsageError) as info:
+        _plan(**kw)
+    assert needle in str(info.value)
+
+
+def test_cli_usage_error_is_friendly() -> None:
+    r = CliRunner().invoke(main, ["repro", "--memory-max", "1G,1X", "--", "true"])
+    assert r.exit_code == 2
+    assert "bad size '1X'" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_in_cgroup_moves_then_execs() -> None:
+    argv = in_cgroup("/sys/fs/cgroup/memory/x/cgroup.procs", ["python3", "-c", "print(1)"])
+    assert argv[:2] == ["sh", "-c"]
+    assert argv[2] == 'echo $$ > "/sys/fs/cgroup/memory/x/cgroup.procs" && exec "$@" >&2'
+    assert argv[3:] == ["sh", "python3", "-c", "print(1)"]
+
+
+# -- judging ----------------------------------------------------------------------------------
+
+
+def _v(
+    pid: int, cause: str, main: bool = True, code: int | None = None, sig: str | None = None
+) -> Verdict:
+    return Verdict(
+        ts=pid, pid=pid, comm="c", cause=cause, confidence="high", summary="s", advice="",
+        evidence=(), main=main, exit_code=code, signal=sig,
+    )  # fmt: skip
+
+
+def test_judge() -> None:
+    oom = _v(2, "cgroup_oom", main=False, sig="SIGKILL")
+    ok = _v(1, "app_exit", code=0)
+    assert deciding_verdict([ok, oom]) is oom  # a kill anywhere in the workload decides
+    assert judge([ok, oom], 0, False) == (KILLED, oom)
+    assert judge([ok], 0, False) == (SURVIVED, ok)
+    assert judge([_v(1, "app_exit", code=3)], 3, False)[0] == "failed"
+    assert judge([_v(1, "app_exit", sig="SIGSEGV")], 139, False)[0] == "failed"
+    assert judge([], None, False) == (SURVIVED, None)  # still running when --duration ended it
+    assert judge([], None, True)[0] == KILLED  # the liveness check killed it
+
+
+def _run(n: int, text: str, value: int, outcome: str, peak: int | None, cause: str) -> RunResult:
+    r = RunResult(run=n, setting=Setting(text, value), repeat=1, trace=f"run{n}.trace")
+    r.outcome = outcome
+    r.peak_bytes = peak
+    r.verdict = _v(n, cause, code=0 if cause == "app_exit" else None)
+    if outcome == KILLED:
+        r.time_to_kill_s = 0.5
+    return r
+
+
+def test_comparison_table_and_json() -> None:
+    plan = Plan(kind=MEMORY_MAX, settings=[], command=["x"], out_dir="d")
+    c = Comparison(
+        plan,
+        [
+            _run(1, "32M", 32 * MiB, KILLED, 32 * MiB, "cgroup_oom"),
+            _run(2, "256M", 256 * MiB, SURVIVED, 100 * MiB, "app_exit"),
+            _run(3, "1G", 1024 * MiB, SURVIVED, 101 * MiB, "app_exit"),
+        ],
+        cgroup_version=2,
+        parent_cgroup="/p",
+    )
+    c.check_monotonic()
+    assert c.warnings == []
+    table = c.table()
+    lines = table.splitlines()
+    assert lines[0].split()[:4] == ["memory.max", "run", "outcome", "verdict"]
+    assert lines[2].split()[:4] == ["32M", "1/1", "killed", "cgroup_oom"]
+    assert "smallest memory.max that survived: 256M (peak 100.0 MiB, headroom 156.0 MiB = 61%" in (
+        table
+    )
+    doc = orjson.loads(orjson.dumps(c.to_json()))
+    assert doc["schema"] == 1 and doc["setting"] == "memory_max"
+    assert [r["outcome"] for r in doc["runs"]] == ["killed", "survived", "survived"]
+    assert doc["runs"][0]["cause"] == "cgroup_oom" and doc["runs"][0]["time_to_kill_s"] == 0.5
+    assert doc["smallest_surviving"] == {
+        "setting": "256M",
+        "value": 256 * MiB,
+        "headroom": 156 * MiB,
+        "headroom_pct": 60.9,
+    }
+
+
+def test_comparison_flags_noisy_runs() -> None:
+    plan = Plan(kind=MEMORY_MAX, settings=[], command=["x"], out_dir="d")
+    c = Comparison(
+        plan,
+        [
+            _run(1, "64M", 64 * MiB, SURVIVED, 60 * MiB, "app_exit"),
+            _run(2, "128M", 128 * MiB, KILLED, 128 * MiB, "cgroup_oom"),
+        ],
+        cgroup_version=1,
+        parent_cgroup="/p",
+    )
+    c.check_monotonic()
+    assert len(c.warnings) == 1 and "128M did not survive although 64M did" in c.warnings[0]
+    assert "smallest memory.limit_in_bytes that survived: 64M" in c.table()
+    empty = Comparison(plan, [c.runs[1]], cgroup_version=1, parent_cgroup="/p")
+    assert "no memory.limit_in_bytes survived every run" in empty.table()
+    assert empty.to_json()["smallest_surviving"] is None
+
+
+# -- a real experiment (root) -----------------------------------------------------------------
+
+
+@pytest.mark.root
+def test_memory_max_experiment(tmp_path: Path) -> None:
+    """32M kills the ~100 MiB hog (a real cgroup OOM), 256M lets it finish: the comparison says
+    256M is the smallest limit that survived."""
+    lines: list[str] = []
+    plan = _plan(
+        memory_max="32M,256M",
+        command=[sys.executable, "-c", HOG],
+        out_dir=str(tmp_path / "runs"),
+    )
+    comparison = Experiment(plan, lines.append).run()
+    small, large = comparison.runs
+    assert (small.setting.text, small.outcome) == ("32M", KILLED)
+    assert small.verdict is not None and small.verdict.cause == "cgroup_oom"
+    assert small.verdict.limit_bytes == 32 * MiB
+    assert small.exit_status == 137
+    assert small.time_to_kill_s is not None and small.time_to_kill_s > 0
+    assert small.peak_bytes is not None and small.peak_bytes <= 32 * MiB
+    assert (large.setting.text, large.outcome, large.exit_status) == ("256M", SURVIVED, 0)
+    assert large.verdict is not None
+    assert (large.verdict.cause, large.verdict.exit_code) == ("app_exit", 0)
+    assert large.peak_bytes is not None and 100 * MiB < large.peak_bytes < 256 * MiB
+    # each run has its own trace, and replaying it gives the same verdict
+    assert sorted(os.listdir(tmp_path / "runs")) == [
+        "run01-memory_max-32M.trace",
+        "run02-memory_max-256M.trace",
+    ]
+    r = CliRunner().invoke(main, ["explain", "--json", small.trace])
+    assert [v["cause"] for v in orjson.loads(r.stdout)["verdicts"]] == ["cgroup_oom"]
+    # progress while it ran
+    assert any("run 1/2" in line and "recording to" in line for line in lines)
+    assert any("run 2/2" in line and "survived" in line for line in lines)
+    table = comparison.table()
+    assert "smallest memory.limit_in_bytes that survived: 256M" in table
+    rows = {line.split()[0]: line.split() for line in table.splitlines()[2:4]}
+    assert rows["32M"][2:4] == ["killed", "cgroup_oom"]
+    assert rows["256M"][2:4] == ["survived", "app_exit"]
+    assert comparison.to_json()["smallest_surviving"]["setting"] == "256M"
+
+
+@pytest.mark.root
+def test_cli_json(tmp_path: Path) -> None:
+    out = tmp_path / "runs"
+    r = CliRunner().invoke(
+        main,
+        ["repro", "--memory-max", "48M,256M", "--out-dir", str(out), "--json", "--",
+         sys.executable, "-c", HOG],
+    )  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    doc = orjson.loads(r.stdout)  # the workload's own output went to stderr, not into the JSON
+    assert doc["schema"] == 1 and doc["cgroup_version"] in (1, 2)
+    assert [(x["setting"], x["outcome"], x["cause"]) for x in doc["runs"]] == [
+        ("48M", "killed", "cgroup_oom"),
+        ("256M", "survived", "app_exit"),
+    ]
+    assert doc["smallest_surviving"]["setting"] == "256M"
+    assert 0 < doc["smallest_surviving"]["headroom_pct"] < 100
+    assert "repro: run 2/2" in r.stderr

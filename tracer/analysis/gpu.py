@@ -1,0 +1,427 @@
+"""The GPU rules of the analysis: what GPU evidence says about one process exit. Pure.
+
+``GpuStore`` keeps the GPU events (bounded, per pid and per device) for ``tracer.analysis.
+evidence.Evidence``; ``facts`` gathers what concerns one exit; ``judge`` turns that into a
+``Finding`` that ``tracer.analysis.verdicts`` makes a verdict of (kept apart from it so that the
+GPU rules read as one piece and the verdict module does not grow a GPU branch in every rule).
+
+The rules (DESIGN.md, "Verdicts"):
+
+* ``device_reset``: the GPU was lost (NVML: GPU is lost / reset required; kernel log: fallen off
+  the bus) or an Xid 79 came within ``RESET_WINDOW_NS`` before the exit (or just after it), the
+  process used a GPU, and it did not exit cleanly. A lost device takes every context on it.
+* ``gpu_oom``: device allocations of this process failed with CUDA_ERROR_OUT_OF_MEMORY (caught
+  at libcuda) and it then exited non-zero or aborted / crashed by its own hand. High confidence
+  when the last failure came shortly before the exit and nothing succeeded after it.
+* A *recovered* GPU OOM (failures, then successful allocations, and a clean exit) is an event
+  (``GpuOomRecovered``), never a verdict: the exit is ``app_exit``, with the recovery noted.
+* Xid 31 and 43 are faults of the application's own GPU code: an exit after one that names this
+  process is ``app_exit`` with the fault named, never an OOM.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+
+from tracer.events import (
+    Event,
+    Exit,
+    GpuAllocFailure,
+    GpuLibrary,
+    GpuLost,
+    GpuOomRecovered,
+    GpuProcessSample,
+    GpuSample,
+    GpuXid,
+)
+from tracer.gpu.libcuda import ALLOC_FUNCTIONS
+from tracer.gpu.xid import APP_FAULT_XIDS, DEVICE_LOST_XIDS, xid_meaning
+
+__all__ = ["Finding", "GpuFacts", "GpuStore", "describe_event", "facts", "judge"]
+
+SECOND = 1_000_000_000
+RESET_WINDOW_NS = 10 * SECOND  # a lost device before the exit: its processes fail within this
+AFTER_EXIT_NS = 1 * SECOND  # the driver's report may be stamped a little after the exit
+RECENT_FAILURE_NS = 10 * SECOND  # a failure this close to the exit caused it (high confidence)
+DEVICE_FULL = 0.9  # NVML: a device this full corroborates an out-of-memory
+
+MAX_PIDS = 8192
+PER_PID = 256
+
+
+# tracer.analysis.verdicts.fmt_bytes, which cannot be imported here (verdicts imports this)
+def fmt_bytes(n: int | None) -> str:
+    if n is None:
+        return "?"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value} B"  # pragma: no cover
+
+
+@dataclass
+class _PidGpu:
+    failures: deque[GpuAllocFailure] = field(default_factory=lambda: deque(maxlen=PER_PID))
+    recovered: deque[GpuOomRecovered] = field(default_factory=lambda: deque(maxlen=PER_PID))
+    samples: deque[GpuProcessSample] = field(default_factory=lambda: deque(maxlen=64))
+    user_since: int | None = None  # first sign that it uses a GPU
+
+
+class GpuStore:
+    """GPU evidence, bounded in count (per pid and per device) and pruned to the history."""
+
+    def __init__(self) -> None:
+        self.by_pid: OrderedDict[int, _PidGpu] = OrderedDict()
+        self.xids: deque[GpuXid] = deque(maxlen=1024)
+        self.lost: deque[GpuLost] = deque(maxlen=256)
+        self.devices: dict[int, deque[GpuSample]] = {}
+
+    def _pid(self, pid: int) -> _PidGpu:
+        item = self.by_pid.get(pid)
+        if item is None:
+            item = self.by_pid[pid] = _PidGpu()
+            if len(self.by_pid) > MAX_PIDS:
+                self.by_pid.popitem(last=False)
+        else:
+            self.by_pid.move_to_end(pid)
+        return item
+
+    def _user(self, pid: int, ts: int) -> _PidGpu:
+        p = self._pid(pid)
+        if p.user_since is None:
+            p.user_since = ts
+        return p
+
+    def add(self, ev: Event) -> bool:
+        """Keep a GPU event; False for any other event."""
+        if isinstance(ev, GpuAllocFailure):
+            self._user(ev.pid, ev.ts).failures.append(ev)
+        elif isinstance(ev, GpuOomRecovered):
+            self._user(ev.pid, ev.ts).recovered.append(ev)
+        elif isinstance(ev, GpuLibrary):
+            self._user(ev.pid, ev.ts)
+        elif isinstance(ev, GpuProcessSample):
+            self._user(ev.pid, ev.ts).samples.append(ev)
+        elif isinstance(ev, GpuXid):
+            self.xids.append(ev)
+            if ev.pid is not None:
+                self._user(ev.pid, ev.ts)
+        elif isinstance(ev, GpuLost):
+            self.lost.append(ev)
+        elif isinstance(ev, GpuSample):
+            self.devices.setdefault(ev.index, deque(maxlen=1200)).append(ev)
+        else:
+            return False
+        return True
+
+    def forget_pid(self, pid: int, until: int) -> None:
+        """Drop what a pid did up to its exit (a later process may reuse the pid)."""
+        p = self.by_pid.get(pid)
+        if p is None:
+            return
+        p.failures = deque((e for e in p.failures if e.ts > until), maxlen=PER_PID)
+        p.recovered = deque((e for e in p.recovered if e.ts > until), maxlen=PER_PID)
+        p.samples = deque((e for e in p.samples if e.ts > until), maxlen=64)
+        p.user_since = None
+        if not (p.failures or p.recovered or p.samples):
+            del self.by_pid[pid]
+
+    def prune(self, horizon: int) -> None:
+        for p in self.by_pid.values():
+            while p.failures and p.failures[0].ts < horizon:
+                p.failures.popleft()
+            while p.recovered and p.recovered[0].ts < horizon:
+                p.recovered.popleft()
+
+
+@dataclass(frozen=True, slots=True)
+class GpuFacts:
+    """The GPU evidence that concerns one exit."""
+
+    user: bool  # the process used a GPU (mapped libcuda, NVML listed it, allocated, was named)
+    failures: tuple[GpuAllocFailure, ...]  # from its start (or the history window) to its exit
+    recovered: tuple[GpuOomRecovered, ...]
+    device_down: tuple[GpuXid | GpuLost, ...]  # lost / reset / Xid 79 around the exit
+    app_faults: tuple[GpuXid, ...]  # Xid 31/43 naming this process
+    device: GpuSample | None  # NVML's last reading of its device before the last failure
+    own: GpuProcessSample | None  # NVML's last reading of this process before the last failure
+
+
+def facts(store: GpuStore, ex: Exit, since: int) -> GpuFacts:
+    p = store.by_pid.get(ex.pid) or _PidGpu()
+    failures = tuple(e for e in p.failures if since <= e.ts <= ex.ts)
+    recovered = tuple(e for e in p.recovered if since <= e.ts <= ex.ts)
+    indices = {s.index for s in p.samples}
+    lo, hi = ex.ts - RESET_WINDOW_NS, ex.ts + AFTER_EXIT_NS
+
+    def on_its_device(index: int | None) -> bool:
+        return index is None or not indices or index in indices
+
+    down: list[GpuXid | GpuLost] = [
+        x
+        for x in store.xids
+        if lo <= x.ts <= hi and x.xid in DEVICE_LOST_XIDS and on_its_device(x.device_index)
+    ]
+    down += [g for g in store.lost if lo <= g.ts <= hi and on_its_device(g.device_index)]
+    faults = tuple(
+        x for x in store.xids if x.pid == ex.pid and x.xid in APP_FAULT_XIDS and since <= x.ts <= hi
+    )
+    device = own = None
+    if failures:
+        at = failures[-1].ts
+        own = next((s for s in reversed(p.samples) if s.ts <= at), None)
+        index = own.index if own is not None else None
+        if index is None and len(store.devices) == 1:
+            index = next(iter(store.devices))
+        if index is not None:
+            device = next((s for s in reversed(store.devices.get(index, ())) if s.ts <= at), None)
+    return GpuFacts(
+        user=p.user_since is not None or bool(failures or recovered),
+        failures=failures,
+        recovered=recovered,
+        device_down=tuple(sorted(down, key=lambda e: e.ts)),
+        app_faults=faults,
+        device=device,
+        own=own,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """A verdict's GPU part; ``tracer.analysis.verdicts`` adds the exit and the unit."""
+
+    cause: str  # "gpu_oom", "device_reset" or "app_exit"
+    confidence: str
+    summary: str
+    advice: str
+    evidence: tuple[tuple[int, str], ...]
+    disagreements: tuple[str, ...] = ()
+    peak_bytes: int | None = None  # the process's high-water mark of device bytes
+    limit_bytes: int | None = None  # the device's total memory
+    usage_bytes: int | None = None  # the device's used memory before the failure
+
+
+def _ending(ex: Exit, crash: str | None) -> str:
+    ws = ex.wait
+    if ws.signal is None:
+        return f"exited with code {ws.code}"
+    return crash or "was killed"
+
+
+def _failures(n: int) -> str:
+    return f"{n} failure{'s' if n != 1 else ''}"
+
+
+def _describe_failure(e: GpuAllocFailure) -> str:
+    return (
+        f"[uprobe] {e.function} of {fmt_bytes(e.requested_bytes)} returned "
+        f"CUDA_ERROR_OUT_OF_MEMORY with {fmt_bytes(e.held_bytes)} held"
+    )
+
+
+def _down_text(e: GpuXid | GpuLost) -> str:
+    if isinstance(e, GpuXid):
+        dev = f" on {e.device}" if e.device else ""
+        return f"Xid {e.xid}{dev}: {xid_meaning(e.xid)}"
+    dev = f" {e.device}" if e.device else ""
+    what = {
+        "gpu_is_lost": "GPU is lost",
+        "reset_required": "GPU requires a reset",
+        "fallen_off_bus": "GPU has fallen off the bus",
+    }.get(e.reason, e.reason)
+    return f"GPU{dev}: {what}"
+
+
+def _describe_down(e: GpuXid | GpuLost) -> str:
+    return f"[{e.source}] {_down_text(e)}"
+
+
+def judge(
+    f: GpuFacts, ex: Exit, exit_ev: tuple[int, str], *, own_doing: bool, crash: str | None
+) -> Finding | None:
+    """The GPU cause of this exit, or None when GPU evidence does not decide it.
+
+    ``own_doing``: the process ended itself (an exit code, or a signal it raised or a fault);
+    False when another process or the kernel's OOM killer killed it. ``crash`` words the
+    signal ending ("aborted (SIGABRT)") when there was one."""
+    ws = ex.wait
+    clean = ws.signal is None and ws.code == 0
+    named = any(isinstance(e, GpuXid) and e.pid == ex.pid for e in f.device_down)
+    if f.device_down and (f.user or named) and not clean:
+        return _device_reset(f, ex, exit_ev, crash)
+    if clean:
+        if f.failures:
+            return _recovered(f, ex, exit_ev)
+        return None
+    if f.failures and own_doing:
+        return _gpu_oom(f, ex, exit_ev, crash)
+    if f.app_faults and own_doing:
+        x = f.app_faults[-1]
+        return Finding(
+            cause="app_exit",
+            confidence="high",
+            summary=f"{_ending(ex, crash)} after a GPU fault of its own: Xid {x.xid} "
+            f"({xid_meaning(x.xid)})",
+            advice="the application's GPU code faulted (a bug, not a lack of memory): run it "
+            "under compute-sanitizer or with CUDA_LAUNCH_BLOCKING=1 to find the kernel",
+            evidence=tuple(sorted([(x.ts, _describe_down(x)), exit_ev])),
+        )
+    return None
+
+
+def _device_reset(f: GpuFacts, ex: Exit, exit_ev: tuple[int, str], crash: str | None) -> Finding:
+    # independent observations: NVML's event and its failing queries, the driver's Xid line
+    # and its "fallen off the bus" line
+    sources = {(type(e).__name__, e.source) for e in f.device_down}
+    evidence = [(e.ts, _describe_down(e)) for e in f.device_down]
+    evidence += [(e.ts, _describe_failure(e)) for e in f.failures[-1:]]
+    first = f.device_down[0]
+    return Finding(
+        cause="device_reset",
+        confidence="high" if len(sources) >= 2 else "medium",
+        summary=f"{_ending(ex, crash)} when its GPU went down: {_describe_down(first)}",
+        advice="the device failed, not the application: drain the node, check the GPU "
+        "(nvidia-smi -q, the kernel log, power and PCIe), reset or replace it before "
+        "rescheduling; memory settings will not help",
+        evidence=tuple(sorted([*evidence, exit_ev])),
+        disagreements=(("this process also had GPU allocation failures",) if f.failures else ()),
+    )
+
+
+def _gpu_oom(f: GpuFacts, ex: Exit, exit_ev: tuple[int, str], crash: str | None) -> Finding:
+    last = f.failures[-1]
+    after = [r for r in f.recovered if r.ts > last.ts]
+    evidence: list[tuple[int, str]] = [(e.ts, _describe_failure(e)) for e in f.failures[-8:]]
+    if len(f.failures) > 8:
+        evidence.insert(0, (f.failures[0].ts, f"... {len(f.failures) - 8} earlier failures"))
+    evidence += [
+        (r.ts, f"[uprobe] {r.function} succeeded again after {_failures(r.failures)}")
+        for r in f.recovered
+    ]
+    disagree: list[str] = []
+    recent = ex.ts - last.ts <= RECENT_FAILURE_NS
+    if after:
+        disagree.append(
+            f"allocations succeeded after the last failure ({len(after)} recoveries): "
+            "it had recovered before it ended"
+        )
+    if not recent:
+        disagree.append(f"the last failure came {(ex.ts - last.ts) / 1e9:.0f} s before the exit")
+    peak = max(e.peak_bytes for e in f.failures) or None
+    where = ""
+    total = used = None
+    if f.device is not None:
+        d = f.device
+        total, used = d.total_bytes, d.used_bytes
+        where = (
+            f"; NVML: GPU {d.index} ({d.name or d.uuid}) had {fmt_bytes(d.used_bytes)} of "
+            f"{fmt_bytes(d.total_bytes)} in use"
+        )
+        evidence.append(
+            (
+                d.ts,
+                f"[nvml] GPU {d.index}: {fmt_bytes(d.used_bytes)} used, "
+                f"{fmt_bytes(d.free_bytes)} free of {fmt_bytes(d.total_bytes)}",
+            )
+        )
+        if d.free_bytes >= last.requested_bytes:
+            disagree.append(
+                f"NVML showed {fmt_bytes(d.free_bytes)} free, more than the "
+                f"{fmt_bytes(last.requested_bytes)} asked for: fragmentation, or a limit "
+                "below the device (MIG slice, MPS quota)"
+            )
+    if f.own is not None and f.own.used_bytes is not None:
+        evidence.append((f.own.ts, f"[nvml] this process used {fmt_bytes(f.own.used_bytes)}"))
+    corroborated = f.device is not None and f.device.used_bytes >= DEVICE_FULL * (
+        f.device.total_bytes or 1
+    )
+    confidence = "high" if recent and not after else "medium"
+    if confidence == "medium" and corroborated and not after:
+        confidence = "high"
+    # the kernel's own count of failures since the last success: the store keeps the last few
+    n = max(len(f.failures), last.failures)
+    summary = (
+        f"GPU out of memory: {n} device allocation{'s' if n != 1 else ''} failed "
+        f"(last: {last.function} of {fmt_bytes(last.requested_bytes)} with "
+        f"{fmt_bytes(last.held_bytes)} already held), then it {_ending(ex, crash)}{where}"
+    )
+    others = ""
+    if f.device is not None and f.own is not None and f.own.used_bytes is not None:
+        rest = f.device.used_bytes - f.own.used_bytes
+        if rest > 0:
+            others = f"; other processes held {fmt_bytes(rest)} of that GPU"
+    advice = (
+        f"it held up to {fmt_bytes(peak)} and asked for {fmt_bytes(last.requested_bytes)} "
+        f"more{others}: lower the batch size or sequence length, cap the framework's cache "
+        "(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against fragmentation), or give it "
+        "a larger GPU or one of its own"
+    )
+    return Finding(
+        cause="gpu_oom",
+        confidence=confidence,
+        summary=summary,
+        advice=advice,
+        evidence=tuple(sorted([*evidence, exit_ev])),
+        disagreements=tuple(disagree),
+        peak_bytes=peak,
+        limit_bytes=total,
+        usage_bytes=used,
+    )
+
+
+def _recovered(f: GpuFacts, ex: Exit, exit_ev: tuple[int, str]) -> Finding:
+    n = len(f.failures)
+    how = (
+        f"{len(f.recovered)} later allocation{'s' if len(f.recovered) != 1 else ''} succeeded"
+        if f.recovered
+        else "it did not allocate again"
+    )
+    evidence = [(e.ts, _describe_failure(e)) for e in f.failures[-8:]]
+    evidence += [
+        (r.ts, f"[uprobe] {r.function} succeeded again after {_failures(r.failures)}")
+        for r in f.recovered
+    ]
+    return Finding(
+        cause="app_exit",
+        confidence="high",
+        summary=f"exited on its own with code 0; it had a recovered GPU OOM: {n} device "
+        f"allocation{'s' if n != 1 else ''} failed and {how}",
+        advice="it ran at the edge of the GPU's memory and coped (frameworks free caches and "
+        "retry); keep headroom if the retries cost latency",
+        evidence=tuple(sorted([*evidence, exit_ev])),
+        peak_bytes=max(e.peak_bytes for e in f.failures) or None,
+    )
+
+
+def describe_event(ev: Event) -> str | None:
+    """One timeline line for a GPU event, in tracer.render's "kind    text" shape; None for
+    samples (shown as numbers, not lines) and for events that are not GPU events."""
+    if isinstance(ev, GpuAllocFailure):
+        return (
+            f"gpu     pid {ev.pid} ({ev.comm}) {ev.function} of {fmt_bytes(ev.requested_bytes)}: "
+            f"CUDA_ERROR_OUT_OF_MEMORY with {fmt_bytes(ev.held_bytes)} held "
+            f"(failure {ev.failures} in a row) [uprobe]"
+        )
+    if isinstance(ev, GpuOomRecovered):
+        return (
+            f"gpu     pid {ev.pid} ({ev.comm}) recovered GPU OOM: {ev.function} of "
+            f"{fmt_bytes(ev.requested_bytes)} succeeded after {_failures(ev.failures)} [uprobe]"
+        )
+    if isinstance(ev, GpuLibrary):
+        if ev.error and not ev.probed:
+            return f"gpu     pid {ev.pid} maps {ev.path}: not probed ({ev.error})"
+        probed = {name.split("=")[0] for name in ev.probed.split(",")}
+        n = len(probed & set(ALLOC_FUNCTIONS))
+        return (
+            f"gpu     pid {ev.pid} maps {ev.path}: {n}/{len(ALLOC_FUNCTIONS)} allocation "
+            "entry points probed"
+        )
+    if isinstance(ev, GpuXid):
+        who = f" (pid {ev.pid}{', ' + ev.proc_name if ev.proc_name else ''})" if ev.pid else ""
+        return f"xid     {_down_text(ev)}{who} [{ev.source}]"
+    if isinstance(ev, GpuLost):
+        return f"gpu     {_down_text(ev)} [{ev.source}]"
+    return None

@@ -1,0 +1,319 @@
+"""Containers, supervisors and probes during a recording: names, restarts, health.
+
+The recorder hands this module the events it decodes; it answers with events of its own
+(``UnitInfo``, ``RuntimeSample``, ``ProbeSample``, ``SampleError``) and with cgroup ids to add
+to the kernel's watched set. It owns:
+
+* naming: a cgroup whose path looks like a container or a systemd unit gets a ``UnitInfo``,
+  with the runtime's name for it when a runtime answers (cached; a container that is already
+  gone is still named by its id);
+* following: ``--container`` targets stay watched across restarts. Runtimes recreate a
+  container's cgroup on restart (same path, new id), so cgroup_mkdir events whose path belongs
+  to a followed container (its id, or its name via the runtime) put the new id in the watched
+  map;
+* restart counts from the supervisors (a background poller, never blocking the recorder);
+* health: ``--probe`` probers, and a runtime's exec health checks seen in the kernel: a process
+  exec'd into a followed container that does not descend from its main process (``podman
+  healthcheck run``, ``docker exec``) becomes a probe sample with its duration and exit code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from tracer.analysis import units as unit_names
+from tracer.errors import UsageError
+from tracer.events import (
+    CgroupMkdir,
+    Event,
+    Exec,
+    Exit,
+    Fork,
+    ProbeSample,
+    RuntimeSample,
+    SampleError,
+    UnitInfo,
+)
+from tracer.runtimes import RestartCountPoller, Runtime, detect
+from tracer.runtimes.base import ContainerInfo
+from tracer.sources.probes import Prober, ProbeSpec
+
+CONTAINER_KINDS = ("podman", "docker", "containerd", "crio", "k8s")
+
+
+@dataclass
+class Followed:
+    """A --container target: what the runtime said, and which processes are its own."""
+
+    runtime: Runtime
+    info: ContainerInfo
+    label: str
+    main_pid: int = 0
+    members: set[int] = field(default_factory=set)  # the main process and its descendants
+    cgroup_ids: set[int] = field(default_factory=set)
+    checks: dict[int, int] = field(default_factory=dict)  # exec'd-in pid -> exec ts
+
+
+@dataclass
+class ProbeSetup:
+    specs: list[ProbeSpec]
+    interval_s: float
+    timeout_s: float
+
+
+class Follower:
+    def __init__(
+        self,
+        containers: Sequence[str],
+        probes: ProbeSetup | None,
+        path_of: Callable[[int], str | None],
+        runtimes: list[Runtime] | None = None,
+    ) -> None:
+        self.path_of = path_of
+        # asking which runtimes answer costs a podman call or two: only when a container
+        # is targeted or seen
+        self._runtimes = runtimes
+        self.followed: list[Followed] = []
+        self._named: dict[int, UnitInfo | None] = {}
+        self._lookups: dict[tuple[str, str], ContainerInfo | None] = {}
+        self.poller = RestartCountPoller(interval_s=1.0)
+        self._polled: set[str] = set()
+        self.probers: list[Prober] = []
+        self._probe_specs: list[ProbeSpec] = []
+        for name in containers:
+            self.followed.append(self._resolve(name))
+        if probes is not None:
+            for spec in probes.specs:
+                self.probers.append(Prober(spec, probes.interval_s, probes.timeout_s))
+                self._probe_specs.append(spec)
+
+    @property
+    def runtimes(self) -> list[Runtime]:
+        if self._runtimes is None:
+            self._runtimes = detect()
+        return self._runtimes
+
+    # -- set-up ------------------------------------------------------------------------------
+
+    def _resolve(self, name: str) -> Followed:
+        if not self.runtimes:
+            raise UsageError(
+                f"--container {name}: no container runtime answers on this host",
+                "is podman installed, or the Docker socket at /var/run/docker.sock?",
+            )
+        for rt in self.runtimes:
+            info = rt.find(name)
+            if info is not None:
+                label = unit_names.from_info(info.runtime, info.id, info.name, _pod(info)).label
+                f = Followed(rt, info, label, main_pid=info.pid)
+                if info.pid:
+                    f.members.add(info.pid)
+                return f
+        reasons = "; ".join(f"{rt.name}: {rt.last_error or 'not found'}" for rt in self.runtimes)
+        raise UsageError(
+            f"--container {name}: no such container ({reasons})",
+            "list containers with `podman ps -a` or `docker ps -a`",
+        )
+
+    def start(self) -> None:
+        for f in self.followed:
+            self.poller.watch(f.label, f.runtime, f.info.id)
+            self._polled.add(f.label)
+        self.poller.start()
+        for p in self.probers:
+            p.start()
+
+    def follow_paths(self) -> list[str]:
+        """Cgroup paths the kernel should watch as soon as they are (re)created."""
+        out = []
+        for f in self.followed:
+            if f.info.cgroup_path:
+                out.append(f.info.cgroup_path)
+            elif f.info.runtime == "podman":
+                # podman (cgroupfs manager) puts a container at a fixed path; systemd-managed
+                # hosts use machine.slice/libpod-<id>.scope instead
+                out += [
+                    f"/libpod_parent/libpod-{f.info.id}",
+                    f"/machine.slice/libpod-{f.info.id}.scope",
+                ]
+            elif f.info.runtime == "docker":
+                out += [f"/docker/{f.info.id}", f"/system.slice/docker-{f.info.id}.scope"]
+        return out
+
+    def initial_cgroups(self) -> list[str]:
+        """Cgroup paths to watch from the start (followed containers that are running)."""
+        return [f.info.cgroup_path for f in self.followed if f.info.cgroup_path]
+
+    @property
+    def following(self) -> bool:
+        return bool(self.followed)
+
+    # -- per batch ---------------------------------------------------------------------------
+
+    def name(self, cgroup_id: int, path: str | None, ts: int) -> UnitInfo | None:
+        """The UnitInfo for a newly seen cgroup, or None when it is no unit."""
+        if cgroup_id in self._named:
+            return None
+        unit = unit_names.unit_of_cgroup(path)
+        info: UnitInfo | None = None
+        if unit is not None and unit.kind in CONTAINER_KINDS:
+            found = self._lookup(unit.key)
+            name = found.name if found else ""
+            pod = _pod(found) if found else ""
+            kind = found.runtime if found else unit.kind
+            # the runtime's main pid is only this cgroup's if the container has not been
+            # restarted since (a running container's cgroup is the one we see first)
+            main = found.pid if found and found.cgroup_path == path and self._fresh(found) else 0
+            info = UnitInfo(
+                ts=ts,
+                cgroup_id=cgroup_id,
+                kind=kind,
+                unit_id=unit.key,
+                name=name,
+                pod=pod,
+                main_pid=main,
+            )
+            label = unit_names.from_info(kind, unit.key, name, pod).label
+            if found is not None and label not in self._polled:
+                rt = next((r for r in self.runtimes if r.name == found.runtime), None)
+                if rt is not None:
+                    self.poller.watch(label, rt, found.id)
+                    self._polled.add(label)
+        elif unit is not None and unit.kind == "systemd":
+            info = UnitInfo(
+                ts=ts, cgroup_id=cgroup_id, kind="systemd", unit_id=unit.key, name=unit.key, pod=""
+            )
+        self._named[cgroup_id] = info
+        return info
+
+    def _fresh(self, found: ContainerInfo) -> bool:
+        key = ("main", found.id)
+        if key in self._lookups:
+            return False
+        self._lookups[key] = found
+        return True
+
+    def _lookup(self, container_id: str) -> ContainerInfo | None:
+        for rt in self.runtimes:
+            key = (rt.name, container_id)
+            if key not in self._lookups:
+                self._lookups[key] = rt.by_id(container_id)
+            if self._lookups[key] is not None:
+                return self._lookups[key]
+        return None
+
+    def on_events(self, events: Sequence[Event]) -> tuple[list[Event], list[int]]:
+        """New events (probe samples from exec'd-in checks) and cgroup ids to watch."""
+        out: list[Event] = []
+        watch: list[int] = []
+        for ev in events:
+            if isinstance(ev, CgroupMkdir):
+                f = self._owner_of_path(ev.path)
+                if f is not None:
+                    f.cgroup_ids.add(ev.cgroup_id)
+                    f.main_pid = 0  # a new incarnation: its first process is the main one
+                    f.members.clear()
+                    watch.append(ev.cgroup_id)
+            elif isinstance(ev, Exec):
+                f = self._owner_of_cgroup(ev.cgroup_id)
+                if f is None or ev.pid in f.members:
+                    continue
+                if not f.main_pid:
+                    f.main_pid = ev.pid
+                    f.members.add(ev.pid)
+                elif ev.pid not in f.checks:
+                    f.checks[ev.pid] = ev.ts  # exec'd into the container from outside
+            elif isinstance(ev, Fork):
+                for f in self.followed:
+                    if ev.parent_pid in f.members:
+                        f.members.add(ev.child_pid)
+                    elif ev.parent_pid in f.checks:
+                        f.checks[ev.child_pid] = -1  # part of a check, not a check itself
+            elif isinstance(ev, Exit):
+                for f in self.followed:
+                    start = f.checks.pop(ev.pid, None)
+                    f.members.discard(ev.pid)
+                    if start is not None and start >= 0:
+                        ws = ev.wait
+                        code = ws.code if ws.code is not None else 128 + (ws.signal or 0)
+                        out.append(
+                            ProbeSample(
+                                ts=start,
+                                target="healthcheck",
+                                unit=f.label,
+                                latency_ns=ev.ts - start,
+                                ok=code == 0,
+                                timed_out=False,
+                                status=code,
+                                error="" if code == 0 else f"exit {code}",
+                                pid=ev.pid,
+                            )
+                        )
+        return out, watch
+
+    def _owner_of_path(self, path: str) -> Followed | None:
+        unit = unit_names.unit_of_cgroup(path)
+        if unit is None or unit.kind not in CONTAINER_KINDS:
+            return None
+        for f in self.followed:
+            if unit.key == f.info.id:
+                return f
+        found = self._lookup(unit.key)  # a new id: the same container by name (docker, k8s)
+        if found is None:
+            return None
+        return next((f for f in self.followed if f.info.name == found.name), None)
+
+    def _owner_of_cgroup(self, cgroup_id: int) -> Followed | None:
+        for f in self.followed:
+            if cgroup_id in f.cgroup_ids:
+                return f
+        path = self.path_of(cgroup_id)
+        owner = self._owner_of_path(path) if path else None
+        if owner is not None:
+            owner.cgroup_ids.add(cgroup_id)
+        return owner
+
+    def poll(self) -> list[Event]:
+        out: list[Event] = []
+        for s in self.poller.poll():
+            out.append(
+                RuntimeSample(
+                    ts=s.ts,
+                    unit=s.unit,
+                    source=s.source,
+                    restart_count=s.restart_count,
+                    state="",
+                    exit_code=None,
+                    oom_killed=None,
+                )
+            )
+        for e in self.poller.errors():
+            out.append(SampleError(ts=e.ts, source=e.source, target=e.unit, message=e.message))
+        unit = self.followed[0].label if len(self.followed) == 1 else ""
+        for spec, prober in zip(self._probe_specs, self.probers, strict=True):
+            for r in prober.poll():
+                out.append(
+                    ProbeSample(
+                        ts=r.start_ns,
+                        target=spec.text,
+                        unit=unit,
+                        latency_ns=r.latency_ns,
+                        ok=r.ok,
+                        timed_out=r.timed_out,
+                        status=r.status,
+                        error=r.error,
+                    )
+                )
+        return out
+
+    def close(self) -> None:
+        self.poller.stop()
+        for p in self.probers:
+            p.stop()
+
+
+def _pod(info: ContainerInfo | None) -> str:
+    if info is None or not info.pod or not info.namespace:
+        return ""
+    return f"{info.namespace}/{info.pod}"

@@ -1,0 +1,285 @@
+"""The recorder's GPU side: one object that owns everything GPU during a recording.
+
+``GpuSide`` loads bpf/gpu.bpf.o (``tracer.bpf.gpuprobe``), probes the host's libcuda.so.1 at
+once, starts the NVML sampler (``tracer.gpu.nvml``), and then, from the recorder's loop:
+
+* learns the watched processes (``watch`` for the seeds, ``track`` for the Fork/Exec/Exit events
+  the main object sends) and mirrors them into the GPU object's pid filter;
+* looks into /proc/PID/maps of watched processes for a libcuda they map (each new process at
+  once, the others every second, a bounded number per call so a fork storm cannot stall the
+  loop) and probes every library file once: a GPU process is covered from then on;
+* hands back, from ``poll``, the GPU object's ring-buffer records, NVML's samples and events,
+  and one ``GpuLibrary`` event per process that maps a driver library;
+* turns the driver's kernel-log lines into Xid and lost-GPU events (``from_kmsg``).
+
+Nothing here is fatal: without the BPF object, uprobes or NVML the recording goes on, and
+``describe`` (written into the trace header) says what is missing and why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections import deque
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from tracer.bpf import layout
+from tracer.bpf.decode import Decoder
+from tracer.bpf.gpuprobe import GpuProbe, LibraryProbes
+from tracer.bpf.libbpf import RingBuffer
+from tracer.errors import WhyrestartError
+from tracer.events import (
+    Event,
+    Exec,
+    Exit,
+    Fork,
+    GpuAllocFailure,
+    GpuLibrary,
+    GpuOomRecovered,
+    Lost,
+)
+from tracer.gpu import libcuda, xid
+from tracer.gpu.nvml import DEFAULT_INTERVAL_S, Clock, GpuSampler, boottime_ns, open_nvml
+from tracer.parse.kmsg import KmsgRecord
+
+__all__ = ["GpuSide"]
+
+SCAN_INTERVAL_NS = 1_000_000_000
+# /proc/PID/maps of a large process takes ~1 ms to read and parse: this many per call keeps a
+# 10 ms loop responsive whatever the number of watched processes.
+MAX_SCANS_PER_POLL = 16
+
+
+class GpuSide:
+    """See the module docstring. Always ``close()`` it."""
+
+    def __init__(
+        self,
+        *,
+        filter_all: bool,
+        memcg_v1: bool,
+        nvml_interval_s: float = DEFAULT_INTERVAL_S,
+        nvml_library: str | None = None,
+        object_path: str | None = None,
+        probe_host: bool = True,
+        proc: str = "/proc",
+        clock: Clock = boottime_ns,
+    ) -> None:
+        self.filter_all = filter_all
+        self.proc = proc
+        self.clock = clock
+        self.warnings: list[str] = []
+        self.decoder = Decoder()
+        self.probe: GpuProbe | None = None
+        self.probe_error: str | None = None
+        self._rb: RingBuffer | None = None
+        try:
+            self.probe = GpuProbe(
+                layout.WrGpuConfig(
+                    filter_all=int(filter_all), memcg_v1=int(memcg_v1), self_tgid=os.getpid()
+                ),
+                object_path,
+            )
+            self._rb = RingBuffer(self.probe.events)
+        except WhyrestartError as exc:
+            self.probe_error = exc.message
+            if self.probe is not None:
+                self.probe.close()
+                self.probe = None
+            self.warnings.append(
+                f"GPU allocation failures cannot be caught: {exc.message}"
+                + (f" ({exc.fix})" if exc.fix else "")
+            )
+        # (st_dev, inode) of each driver library file -> what probing it gave
+        self._libraries: dict[tuple[int, int], LibraryProbes] = {}
+        self._host: dict[str, str] = {}
+        if self.probe is not None and probe_host:
+            for path in libcuda.host_libraries():
+                self._host[path] = self._probe_file(path, path)
+        library = nvml_library or os.environ.get("WHYRESTART_NVML_LIBRARY") or None
+        self.nvml: GpuSampler = open_nvml(nvml_interval_s, library, clock)
+        self.nvml.set_pids(None if filter_all else frozenset())
+        self.nvml.start()
+
+        self._watched: set[int] = set()
+        self._covered: dict[int, int] = {}  # pid -> when its libcuda was found
+        self._gpu_pids: set[int] = set()  # pids with GPU bookkeeping in the BPF maps
+        self._queue: deque[int] = deque()
+        self._queued: set[int] = set()
+        self._next_scan = clock() + SCAN_INTERVAL_NS
+        self._pids_dirty = False
+        self._lost_seen = 0
+        self._map_full_warned = False
+        if filter_all:
+            # Under --all, processes are learned from exec events; the ones already running
+            # (a serving process started before the recording) are looked at once here.
+            with contextlib.suppress(OSError):
+                for name in os.listdir(proc):
+                    if name.isdigit() and int(name) != os.getpid():
+                        self._enqueue(int(name))
+
+    # -- description ------------------------------------------------------------------------
+
+    @property
+    def rung(self) -> str | None:
+        """The trace header's ``gpu_alloc`` hook: "uprobe" when failures can be caught."""
+        return "uprobe" if self.probe is not None else None
+
+    def describe(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "uprobes": "ready" if self.probe is not None else f"unavailable: {self.probe_error}",
+            "host_libcuda": dict(self._host) or "none found",
+        }
+        out.update(self.nvml.describe())
+        return out
+
+    # -- which processes --------------------------------------------------------------------
+
+    def watch(self, pids: Iterable[int]) -> None:
+        for pid in pids:
+            self._watch(pid)
+
+    def track(self, events: Sequence[Event]) -> None:
+        """Follow the watched set through the main object's lifecycle events."""
+        for ev in events:
+            if isinstance(ev, Fork):
+                self._watch(ev.child_pid)
+            elif isinstance(ev, Exec):
+                # a new program image maps new libraries: look again, unless the look was
+                # taken after this exec (the event may reach us after the scan)
+                if self._covered.get(ev.pid, -1) < ev.ts:
+                    self._covered.pop(ev.pid, None)
+                    self._enqueue(ev.pid)
+                self._watch(ev.pid)
+            elif isinstance(ev, Exit):
+                self._forget(ev.pid)
+            elif isinstance(ev, GpuAllocFailure | GpuOomRecovered):
+                self._gpu_pids.add(ev.pid)
+
+    def _watch(self, pid: int) -> None:
+        if pid in self._watched:
+            return
+        self._watched.add(pid)
+        self._pids_dirty = True
+        self._enqueue(pid)
+        if self.probe is not None and not self.filter_all:
+            try:
+                self.probe.watch_pid(pid)
+            except WhyrestartError as exc:
+                if not self._map_full_warned:
+                    self._map_full_warned = True
+                    self.warnings.append(f"GPU pid filter: {exc.message}")
+
+    def _forget(self, pid: int) -> None:
+        self._covered.pop(pid, None)
+        if pid in self._watched:
+            self._watched.discard(pid)
+            self._pids_dirty = True
+        if self.probe is not None and (pid in self._gpu_pids or not self.filter_all):
+            self._gpu_pids.discard(pid)
+            with contextlib.suppress(WhyrestartError):
+                self.probe.forget_pid(pid)
+
+    def _enqueue(self, pid: int) -> None:
+        if pid not in self._queued:
+            self._queued.add(pid)
+            self._queue.append(pid)
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def poll(self, now_ns: int, final: bool = False) -> list[Event]:
+        """Everything new since the last call. ``final``: the last drain, no more scanning."""
+        out: list[Event] = []
+        if self._rb is not None and self.probe is not None:
+            out += self.decoder.decode_batch(self._rb.drain(0))
+            lost = self.probe.lost_count()
+            if lost > self._lost_seen:
+                out.append(Lost(ts=now_ns, count=lost - self._lost_seen))
+                self._lost_seen = lost
+        out += self.nvml.drain()
+        if not final:
+            if now_ns >= self._next_scan:
+                self._next_scan = now_ns + SCAN_INTERVAL_NS
+                for pid in self._watched - self._covered.keys():
+                    self._enqueue(pid)
+                if self._pids_dirty and not self.filter_all:
+                    self.nvml.set_pids(frozenset(self._watched))
+                    self._pids_dirty = False
+            out += self._scan(now_ns)
+        return out
+
+    def from_kmsg(self, rec: KmsgRecord, ts: int) -> list[Event]:
+        ev = xid.event_from_kmsg(rec, ts)
+        return [ev] if ev is not None else []
+
+    def _scan(self, now_ns: int) -> list[Event]:
+        out: list[Event] = []
+        for _ in range(min(MAX_SCANS_PER_POLL, len(self._queue))):
+            pid = self._queue.popleft()
+            self._queued.discard(pid)
+            if pid in self._covered or not (self.filter_all or pid in self._watched):
+                continue
+            maps = libcuda.mappings_of(pid, self.proc)
+            if not maps:
+                continue
+            self._covered[pid] = now_ns
+            self._gpu_pids.add(pid)
+            for m in maps:
+                res = self._probe_mapping(pid, m)
+                aliases = [f"{a}={b}" for a, b in res.aliases.items()]
+                out.append(
+                    GpuLibrary(
+                        ts=now_ns,
+                        pid=pid,
+                        path=m.path,
+                        probed=",".join(res.probed + aliases),
+                        missing=",".join(res.missing),
+                        error="; ".join(res.errors),
+                    )
+                )
+        return out
+
+    def _probe_mapping(self, pid: int, m: libcuda.Mapping) -> LibraryProbes:
+        known = self._libraries.get(m.key)
+        if known is not None:
+            return known
+        if self.probe is None:
+            res = LibraryProbes(m.path, errors=[f"uprobes unavailable: {self.probe_error}"])
+        else:
+            path = libcuda.attach_path(pid, m, self.proc)
+            if path is None:
+                # gone before we looked: the next process mapping this file tries again
+                return LibraryProbes(m.path, errors=["the process exited before probing"])
+            res = self.probe.attach_library(path, m.path)
+        self._libraries[m.key] = res
+        return res
+
+    def _probe_file(self, path: str, shown_as: str) -> str:
+        """Probe a library file by path (the host's own), once; a one-line summary."""
+        try:
+            st = os.stat(path)
+        except OSError as exc:
+            return f"not probed: {exc.strerror}"
+        key = (st.st_dev, st.st_ino)
+        res = self._libraries.get(key)
+        if res is None:
+            assert self.probe is not None
+            res = self._libraries[key] = self.probe.attach_library(path, shown_as)
+        if res.errors and not res.probed:
+            return "not probed: " + "; ".join(res.errors)
+        return f"{res.allocations_probed}/{len(libcuda.ALLOC_FUNCTIONS)} allocation entry points"
+
+    def close(self) -> None:
+        self.nvml.close()
+        if self._rb is not None:
+            self._rb.free()
+            self._rb = None
+        if self.probe is not None:
+            self.probe.close()
+            self.probe = None
+        if self.decoder.unknown or self.decoder.malformed:
+            self.warnings.append(
+                f"GPU ring buffer: {self.decoder.unknown} records of unknown type and "
+                f"{self.decoder.malformed} short records were skipped"
+            )

@@ -1,0 +1,74 @@
+"""Outputs people look at: the HTML/PNG timeline report, the Perfetto export, and the
+documented JSON shapes of every machine-readable output these modules and ``repro`` write.
+
+Modules:
+
+* ``tracer.outputs.timeline``: one pass over a trace → a `Timeline` (pure data: per-unit
+  memory, limits, pressure, GPU and probe series, markers, verdicts). Both renderers read it,
+  so the report and the Perfetto export always show the same grouping and the same numbers.
+* ``tracer.outputs.report``: the self-contained HTML report (inline SVG charts drawn by
+  matplotlib, no scripts, no network) and its PNG twin.
+* ``tracer.outputs.perfetto``: Chrome trace-event JSON for ui.perfetto.dev.
+* ``tracer.repro`` (beside this package) runs the experiments whose JSON shape is below.
+
+JSON shapes
+===========
+
+Every JSON document whyrestart prints has ``"schema"``: an integer bumped whenever a field
+changes meaning or disappears (adding a field does not bump it). Times are seconds as numbers
+unless a name ends in ``_ns`` (CLOCK_BOOTTIME nanoseconds); sizes are bytes.
+
+``whyrestart repro --json`` (schema 1)::
+
+    {
+      "schema": 1,
+      "kind": "repro",
+      "setting": "memory_max" | "memory_high" | "probe_timeout",  # the one setting varied
+      "fixed": {"memory_max_bytes": int | null, "probe": str | null,
+                "probe_timeout_s": float | null, "probe_interval_s": float | null,
+                "probe_failures": int | null, "duration_s": float | null},
+      "command": [str, ...],
+      "cgroup_version": 1 | 2,
+      "parent_cgroup": str,                # where each run's cgroup was created
+      "out_dir": str,                      # the traces
+      "runs": [
+        {
+          "run": int,                      # 1-based, in the order run
+          "setting": str,                  # as written on the command line, e.g. "32M"
+          "value": int | float,            # bytes (memory_*) or seconds (probe_timeout)
+          "repeat": int,                   # 1..--runs
+          "trace": str,                    # this run's trace file
+          "outcome": "survived" | "killed" | "failed" | "error",
+          "survived": bool,                # not killed, and exited 0 or still running at the end
+          "exit_status": int | null,       # as a shell reports it (137 = SIGKILL)
+          "cause": str | null,             # the deciding verdict's cause, e.g. "cgroup_oom"
+          "verdict": {"pid": int, "comm": str, "cause": str, "confidence": str,
+                      "summary": str, "advice": str} | null,
+          "peak_bytes": int | null,        # the run cgroup's peak memory usage
+          "time_to_kill_s": float | null,  # start of the run → the kill (killed runs only)
+          "duration_s": float,             # start of the run → end of recording
+          "stall_s": float,                # reclaim + throttling stall time in the run cgroup
+          "probes": int,                   # probes run (0 without --probe)
+          "probe_failures": int,           # of those, failed or timed out
+          "max_probe_latency_s": float | null,
+          "error": str | null              # why the run could not be judged ("error" outcome)
+        }, ...
+      ],
+      "smallest_surviving": {              # null when no setting survived every repeat
+        "setting": str, "value": int | float,
+        "headroom": int | float,           # value - peak usage (bytes) / - max latency (s)
+        "headroom_pct": float              # headroom as a percentage of value
+      } | null
+    }
+
+``whyrestart export --format perfetto`` writes the Chrome trace-event format (the JSON object
+form: ``{"traceEvents": [...], "displayTimeUnit": "ms", "metadata": {...}}``) that
+ui.perfetto.dev and chrome://tracing open. ``metadata`` carries ``{"schema": 1, "tool":
+"whyrestart", ...}``. One process track per unit (``pid`` 1 is the host, units follow in
+report order, each named by a ``process_name`` metadata event); counters (``ph: "C"``) for
+memory usage, limits, the effective limit, anon/file/shmem, PSI, GPU memory and probe latency;
+complete slices (``ph: "X"``) for reclaim stalls and reclaim-summary intervals, on threads
+named by ``thread_name`` events; instants (``ph: "i"``, scoped ``"p"``, or ``"g"`` for a host
+OOM) for OOM kills, signals, exits, restarts and GPU failures. Timestamps are microseconds from
+the start of the recording.
+"""

@@ -1,0 +1,807 @@
+"""``whyrestart repro``: the one-change-per-run method as a command.
+
+Run the workload again and again, each time in a fresh child memory cgroup, changing exactly
+one setting per run (``--memory-max``, ``--memory-high`` or ``--probe-timeout``), with no
+restart policy, each run recorded to its own trace; then compare the runs and name the smallest
+setting that survived, with its headroom.
+
+This module owns: size parsing (`parse_size`), the experiment plan (`Plan`, built from the
+command line by `make_plan`), running it (`Experiment`), judging each run (`RunResult`), and the
+comparison (`Comparison`: the table and the ``--json`` shape documented in `tracer.outputs`).
+
+How a run is isolated: the command is wrapped in ``sh -c 'echo $$ > <cgroup>/cgroup.procs &&
+exec "$@"'``, so it is inside the run's cgroup before it executes a single instruction of the
+workload, and the recorder watches it from its first exec (the idiom of the root tests). The
+cgroup always has a memory limit: the varied one, or ``--memory-max``, or a safety cap of 80% of
+the host's available memory, so a run can never push the host into a global OOM. When the run
+ends (the command exited, ``--duration`` passed, or a liveness kill), whatever is left in the
+cgroup is killed and the cgroup removed.
+
+Probes: with ``--probe`` a probe runs beside each run (``tracer.sources.probes.Prober``). Like a
+kubelet liveness probe, ``--probe-failures`` consecutive failures (default 3; 0 turns it off)
+make repro kill the workload, so varying ``--probe-timeout`` shows which timeout the workload
+survives. Probe results are counted here; the recorder does not take probe samples into the
+trace, so they are not in the run's trace file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import posixpath
+import re
+import shutil
+import signal
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from tracer.analysis.verdicts import APP_EXIT, Verdict, fmt_bytes
+from tracer.errors import UsageError
+
+if TYPE_CHECKING:
+    from tracer.record import RecordResult
+    from tracer.sources.cgroupfs import CgroupLayout, ChildCgroup
+    from tracer.sources.probes import ProbeResult, ProbeSpec
+
+SCHEMA = 1
+MEMORY_MAX, MEMORY_HIGH, PROBE_TIMEOUT = "memory_max", "memory_high", "probe_timeout"
+OPTION = {
+    MEMORY_MAX: "--memory-max",
+    MEMORY_HIGH: "--memory-high",
+    PROBE_TIMEOUT: "--probe-timeout",
+}
+SAFETY_CAP_FRACTION = 0.8  # of MemAvailable: the cgroup limit when none is given
+DEFAULT_PROBE_FAILURES = 3  # the kubelet's default failureThreshold
+DEFAULT_PROBE_INTERVAL_S = 1.0
+DEFAULT_PROBE_TIMEOUT_S = 1.0  # the kubelet's default timeoutSeconds
+STALL_KINDS = ("memcg", "direct", "high")
+
+SURVIVED, KILLED, FAILED, ERROR = "survived", "killed", "failed", "error"
+
+# ---------------------------------------------------------------------------------------------
+# Parsing
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([kmgt])(i)?)?b?\s*$", re.IGNORECASE)
+_POWERS = {"k": 1, "m": 2, "g": 3, "t": 4}
+SIZE_FORMS = "bytes (67108864) or a number with K, M, G or T (64M, 1.5G; 512Mi and 1Gi too)"
+
+
+def parse_size(text: str) -> int:
+    """``64M`` / ``1G`` / ``512Mi`` / ``1.5g`` / ``67108864`` → bytes.
+
+    K, M, G and T are powers of 1024 with or without the ``i`` (as ``docker run --memory 64m``
+    means 64 MiB); a trailing ``B`` is allowed. Zero and fractions of a byte are refused.
+    """
+    m = _SIZE.match(text)
+    if m is None:
+        raise UsageError(f"bad size {text!r}", fix=f"write {SIZE_FORMS}")
+    number, unit = m.group(1), m.group(2)
+    value = float(number) * (1024 ** _POWERS[unit.lower()] if unit else 1)
+    if value < 1 or value != int(value):
+        raise UsageError(f"bad size {text!r}: not a whole number of bytes above zero")
+    return int(value)
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """One value of the varied setting: as written, and as a number (bytes or seconds)."""
+
+    text: str
+    value: int | float
+
+
+def parse_settings(kind: str, text: str) -> list[Setting]:
+    """``"32M,256M"`` → settings; a probe timeout takes ``0.5``, ``500ms``, ``2s``."""
+    parts = [p.strip() for p in text.split(",")]
+    if not parts or any(not p for p in parts):
+        raise UsageError(
+            f"bad {OPTION[kind]} {text!r}: an empty value", fix="separate values with commas"
+        )
+    if kind == PROBE_TIMEOUT:
+        from tracer.sources.probes import parse_duration
+
+        return [Setting(p, parse_duration(p)) for p in parts]
+    return [Setting(p, parse_size(p)) for p in parts]
+
+
+# ---------------------------------------------------------------------------------------------
+# The plan
+
+
+@dataclass
+class Plan:
+    kind: str  # the varied setting: MEMORY_MAX, MEMORY_HIGH or PROBE_TIMEOUT
+    settings: list[Setting]
+    command: list[str]
+    out_dir: str
+    repeats: int = 1
+    memory_max: int | None = None  # the fixed limit when another setting varies
+    probe: ProbeSpec | None = None
+    probe_timeout_s: float | None = None  # fixed, when the probe timeout does not vary
+    probe_interval_s: float = DEFAULT_PROBE_INTERVAL_S
+    probe_failures: int = DEFAULT_PROBE_FAILURES
+    probe_delay_s: float = 0.0
+    duration_s: float | None = None
+    parent_cgroup: str | None = None  # None: chosen from this process's own cgroup
+
+    def runs(self) -> list[tuple[Setting, int]]:
+        return [(s, r) for s in self.settings for r in range(1, self.repeats + 1)]
+
+    def fixed(self) -> dict[str, Any]:
+        return {
+            "memory_max_bytes": self.memory_max,
+            "probe": str(self.probe) if self.probe else None,
+            "probe_timeout_s": self.probe_timeout_s,
+            "probe_interval_s": self.probe_interval_s if self.probe else None,
+            "probe_failures": self.probe_failures if self.probe else None,
+            "duration_s": self.duration_s,
+        }
+
+
+def make_plan(
+    *,
+    memory_max: str | None,
+    memory_high: str | None,
+    probe_timeout: str | None,
+    command: Sequence[str],
+    repeats: int,
+    probe: str | None,
+    probe_interval: str | None,
+    probe_failures: int,
+    probe_delay: str | None,
+    duration: float | None,
+    out_dir: str | None,
+    parent_cgroup: str | None,
+    memory_version: int | None,
+) -> Plan:
+    """Check the options and decide which one setting varies.
+
+    Exactly one of the three may list several values; the one with several values (or the only
+    one given) varies, the others are held fixed. ``--memory-high`` needs cgroup v2;
+    ``--probe-timeout`` needs ``--probe``.
+    """
+    given = {
+        k: v
+        for k, v in (
+            (MEMORY_MAX, memory_max),
+            (MEMORY_HIGH, memory_high),
+            (PROBE_TIMEOUT, probe_timeout),
+        )
+        if v is not None
+    }
+    if not given:
+        raise UsageError(
+            "nothing to vary",
+            fix="give --memory-max A,B,... (or --memory-high A,B, or --probe-timeout A,B "
+            "with --probe)",
+        )
+    if not command:
+        raise UsageError(
+            "no command to run", fix="put the workload after --, e.g. -- python serve.py"
+        )
+    if repeats < 1:
+        raise UsageError("--runs must be at least 1")
+    if duration is not None and duration <= 0:
+        raise UsageError("--duration must be positive")
+    if probe_failures < 0:
+        raise UsageError("--probe-failures must be 0 (never kill) or more")
+    if memory_high is not None and memory_version == 1:
+        raise UsageError(
+            "--memory-high needs cgroup v2: this host's memory controller is on cgroup v1, "
+            "which has no memory.high",
+            fix="vary --memory-max instead, or run on a cgroup v2 host",
+        )
+    if memory_version is None:
+        raise UsageError(
+            "no cgroup hierarchy with the memory controller is mounted",
+            fix="repro needs the memory controller (cgroup v1 memory or cgroup v2)",
+        )
+    multi = [k for k, v in given.items() if "," in v]
+    if len(multi) > 1:
+        raise UsageError(
+            f"{' and '.join(OPTION[k] for k in multi)} both list several values",
+            fix="change exactly one setting per experiment: give the others one value",
+        )
+    if multi:
+        kind = multi[0]
+    elif len(given) == 1:
+        kind = next(iter(given))
+    else:
+        raise UsageError(
+            f"{' and '.join(OPTION[k] for k in given)} are all single values: which one varies?",
+            fix="list two or more values (A,B) for the one setting to vary",
+        )
+    spec = None
+    if probe is not None:
+        from tracer.sources.probes import parse_probe
+
+        spec = parse_probe(probe)
+    if PROBE_TIMEOUT in given and spec is None:
+        raise UsageError(
+            "--probe-timeout needs --probe", fix="say what to probe: --probe http://HOST:PORT/PATH"
+        )
+    settings = parse_settings(kind, given[kind])
+    plan = Plan(
+        kind=kind,
+        settings=settings,
+        command=list(command),
+        out_dir=out_dir or time.strftime("repro-%Y%m%d-%H%M%S"),
+        repeats=repeats,
+        probe=spec,
+        probe_failures=probe_failures,
+        duration_s=duration,
+        parent_cgroup=parent_cgroup,
+    )
+    if kind != MEMORY_MAX and memory_max is not None:
+        plan.memory_max = parse_size(memory_max)
+    if spec is not None:
+        from tracer.sources.probes import parse_duration
+
+        if kind != PROBE_TIMEOUT:
+            plan.probe_timeout_s = (
+                parse_duration(probe_timeout) if probe_timeout else DEFAULT_PROBE_TIMEOUT_S
+            )
+        if probe_interval is not None:
+            plan.probe_interval_s = parse_duration(probe_interval)
+        if probe_delay is not None:
+            plan.probe_delay_s = parse_duration(probe_delay)
+    elif probe_interval is not None or probe_delay is not None:
+        raise UsageError("--probe-interval and --probe-delay need --probe")
+    return plan
+
+
+# ---------------------------------------------------------------------------------------------
+# Results
+
+
+@dataclass
+class RunResult:
+    run: int
+    setting: Setting
+    repeat: int
+    trace: str
+    outcome: str = ERROR
+    exit_status: int | None = None
+    verdict: Verdict | None = None
+    peak_bytes: int | None = None
+    time_to_kill_s: float | None = None
+    duration_s: float = 0.0
+    stall_ns: int = 0
+    probes: int = 0
+    probe_failures: int = 0
+    max_probe_latency_s: float | None = None
+    liveness_kill: bool = False  # repro killed it after failing probes
+    error: str | None = None
+
+    @property
+    def survived(self) -> bool:
+        return self.outcome == SURVIVED
+
+    def to_json(self) -> dict[str, Any]:
+        v = self.verdict
+        return {
+            "run": self.run,
+            "setting": self.setting.text,
+            "value": self.setting.value,
+            "repeat": self.repeat,
+            "trace": self.trace,
+            "outcome": self.outcome,
+            "survived": self.survived,
+            "exit_status": self.exit_status,
+            "cause": v.cause if v else None,
+            "verdict": (
+                {
+                    "pid": v.pid,
+                    "comm": v.comm,
+                    "cause": v.cause,
+                    "confidence": v.confidence,
+                    "summary": v.summary,
+                    "advice": v.advice,
+                }
+                if v
+                else None
+            ),
+            "peak_bytes": self.peak_bytes,
+            "time_to_kill_s": self.time_to_kill_s,
+            "duration_s": round(self.duration_s, 3),
+            "stall_s": round(self.stall_ns / 1e9, 3),
+            "probes": self.probes,
+            "probe_failures": self.probe_failures,
+            "max_probe_latency_s": self.max_probe_latency_s,
+            "liveness_kill": self.liveness_kill,
+            "error": self.error,
+        }
+
+
+def deciding_verdict(verdicts: Sequence[Verdict]) -> Verdict | None:
+    """The verdict that says how a run ended: the first process that did not end on its own
+    (a kill anywhere in the workload decides), else the main process's, else the last."""
+    for v in verdicts:
+        if v.cause != APP_EXIT:
+            return v
+    mains = [v for v in verdicts if v.main] or list(verdicts)
+    return mains[-1] if mains else None
+
+
+def judge(
+    verdicts: Sequence[Verdict], command_status: int | None, liveness_kill: bool
+) -> tuple[str, Verdict | None]:
+    """The outcome of one run: killed (by a limit, a signal, a liveness check), failed (the
+    workload exited non-zero or crashed on its own), or survived (exit 0, or still running
+    when ``--duration`` ended the run)."""
+    v = deciding_verdict(verdicts)
+    if liveness_kill:
+        return KILLED, v
+    if v is not None and v.cause != APP_EXIT:
+        return KILLED, v
+    if v is not None and (v.exit_code not in (0, None) or v.signal is not None):
+        return FAILED, v
+    if command_status not in (0, None):
+        return FAILED, v
+    return SURVIVED, v
+
+
+@dataclass
+class Comparison:
+    plan: Plan
+    runs: list[RunResult]
+    cgroup_version: int
+    parent_cgroup: str
+    interrupted: bool = False
+    warnings: list[str] = field(default_factory=list)
+
+    def by_setting(self) -> list[tuple[Setting, list[RunResult]]]:
+        out: dict[str, tuple[Setting, list[RunResult]]] = {}
+        for r in self.runs:
+            out.setdefault(r.setting.text, (r.setting, []))[1].append(r)
+        return list(out.values())
+
+    def smallest_surviving(self) -> tuple[Setting, list[RunResult]] | None:
+        """The smallest setting whose every run survived (all ``--runs`` repeats)."""
+        ok = [
+            (s, runs)
+            for s, runs in self.by_setting()
+            if len(runs) == self.plan.repeats and all(r.survived for r in runs)
+        ]
+        return min(ok, key=lambda x: x[0].value) if ok else None
+
+    def headroom(self, setting: Setting, runs: Sequence[RunResult]) -> tuple[float, float] | None:
+        """How far the runs stayed from the setting: bytes below a memory setting, seconds
+        below a probe timeout; and that as a percentage of the setting."""
+        if self.plan.kind == PROBE_TIMEOUT:
+            lat = [r.max_probe_latency_s for r in runs if r.max_probe_latency_s is not None]
+            if not lat:
+                return None
+            room: float = setting.value - max(lat)
+        else:
+            peaks = [r.peak_bytes for r in runs if r.peak_bytes is not None]
+            if not peaks:
+                return None
+            room = setting.value - max(peaks)
+        return room, room / setting.value * 100 if setting.value else 0.0
+
+    def check_monotonic(self) -> None:
+        """A larger setting that fails where a smaller one survived means the runs are noisy
+        (or the setting is not what limits the workload): say so rather than trust one run."""
+        ordered = sorted(self.by_setting(), key=lambda x: x[0].value)
+        survived_below: Setting | None = None
+        for s, runs in ordered:
+            if all(r.survived for r in runs):
+                survived_below = survived_below or s
+            elif survived_below is not None:
+                self.warnings.append(
+                    f"{s.text} did not survive although {survived_below.text} did: the runs "
+                    "disagree (try --runs 3) or this setting is not what limits the workload"
+                )
+
+    def to_json(self) -> dict[str, Any]:
+        best = self.smallest_surviving()
+        smallest = None
+        if best is not None:
+            room = self.headroom(*best)
+            smallest = {
+                "setting": best[0].text,
+                "value": best[0].value,
+                "headroom": room[0] if room else None,
+                "headroom_pct": round(room[1], 1) if room else None,
+            }
+        return {
+            "schema": SCHEMA,
+            "kind": "repro",
+            "setting": self.plan.kind,
+            "fixed": self.plan.fixed(),
+            "command": self.plan.command,
+            "cgroup_version": self.cgroup_version,
+            "parent_cgroup": self.parent_cgroup,
+            "out_dir": self.plan.out_dir,
+            "interrupted": self.interrupted,
+            "runs": [r.to_json() for r in self.runs],
+            "smallest_surviving": smallest,
+            "warnings": self.warnings,
+        }
+
+    # -- text ----------------------------------------------------------------------------------
+
+    def _setting_name(self) -> str:
+        if self.plan.kind == PROBE_TIMEOUT:
+            return "probe timeout"
+        if self.plan.kind == MEMORY_HIGH:
+            return "memory.high"
+        return "memory.max" if self.cgroup_version == 2 else "memory.limit_in_bytes"
+
+    def _value_text(self, s: Setting) -> str:
+        if self.plan.kind == PROBE_TIMEOUT:
+            return s.text
+        # bytes written as a bare number are hard to read: show them in MiB/GiB too
+        return f"{s.text} ({fmt_bytes(s.value)})" if s.text.isdigit() else s.text
+
+    def table(self) -> str:
+        header = (
+            self._setting_name(),
+            "run",
+            "outcome",
+            "verdict",
+            "peak usage",
+            "time to kill",
+            "stall",
+            "probe failures",
+        )
+        rows = [header]
+        for r in self.runs:
+            v = r.verdict
+            verdict = v.cause if v else "-"
+            if r.liveness_kill:
+                verdict += " (liveness kill)"
+            if r.outcome == FAILED and v is not None and v.exit_code not in (None, 0):
+                verdict += f" (exit {v.exit_code})"
+            elif r.outcome == SURVIVED and v is None:
+                verdict = "still running at the end"
+            elif r.outcome == ERROR:
+                verdict = r.error or "error"
+            rows.append(
+                (
+                    self._value_text(r.setting),
+                    f"{r.repeat}/{self.plan.repeats}",
+                    r.outcome,
+                    verdict,
+                    fmt_bytes(r.peak_bytes) if r.peak_bytes is not None else "-",
+                    f"{r.time_to_kill_s:.2f} s" if r.time_to_kill_s is not None else "-",
+                    f"{r.stall_ns / 1e6:.0f} ms",
+                    f"{r.probe_failures}/{r.probes}" if self.plan.probe else "-",
+                )
+            )
+        widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+        lines = [
+            "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
+        ]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        out = "\n".join(lines) + "\n\n"
+        best = self.smallest_surviving()
+        name = self._setting_name()
+        if best is None:
+            out += f"no {name} survived every run: try larger values\n"
+        else:
+            s, runs = best
+            room = self.headroom(s, runs)
+            if room is None:
+                out += f"smallest {name} that survived: {s.text}\n"
+            elif self.plan.kind == PROBE_TIMEOUT:
+                out += (
+                    f"smallest {name} that survived: {s.text} (slowest probe "
+                    f"{s.value - room[0]:.3f} s, headroom {room[0]:.3f} s = {room[1]:.0f}%)\n"
+                )
+            else:
+                out += (
+                    f"smallest {name} that survived: {s.text} (peak "
+                    f"{fmt_bytes(s.value - room[0])}, headroom {fmt_bytes(room[0])} = "
+                    f"{room[1]:.0f}% of the limit)\n"
+                )
+        if self.interrupted:
+            out += "interrupted: the runs above are all that ran\n"
+        for w in self.warnings:
+            out += f"warning: {w}\n"
+        out += f"traces in {self.plan.out_dir}\n"
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Running
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.]+", "_", text).strip("_") or "x"
+
+
+def in_cgroup(procs_file: str, argv: Sequence[str]) -> list[str]:
+    """A command line that moves itself into a cgroup (by its ``cgroup.procs``), then execs
+    ``argv`` with its standard output sent to standard error: repro's stdout is the table (or
+    the JSON), which the workload's chatter must not break."""
+    return ["sh", "-c", f'echo $$ > "{procs_file}" && exec "$@" >&2', "sh", *argv]
+
+
+def safety_cap(meminfo: str = "/proc/meminfo") -> int:
+    """80% of MemAvailable: the limit a run gets when no memory limit is given."""
+    with open(meminfo, encoding="ascii") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(int(line.split()[1]) * 1024 * SAFETY_CAP_FRACTION)
+    raise UsageError("cannot read MemAvailable from /proc/meminfo", fix="give --memory-max")
+
+
+def default_parent(layout: CgroupLayout) -> str:
+    """Where run cgroups go: under our own memory cgroup on v1; on v2 beside it, under its
+    parent, because v2 forbids a cgroup with processes (ours) from also having children with
+    controllers enabled ("no internal processes")."""
+    from tracer.sources.cgroupfs import own_memory_cgroup
+
+    own = own_memory_cgroup(layout=layout)
+    if layout.memory_version == 2 and own != "/":
+        return posixpath.dirname(own)
+    return own
+
+
+class _Liveness:
+    """Runs the probe beside a run and, like a kubelet liveness probe, kills the workload after
+    ``failures`` consecutive failures (never when ``failures`` is 0)."""
+
+    def __init__(
+        self,
+        spec: ProbeSpec,
+        interval_s: float,
+        timeout_s: float,
+        failures: int,
+        delay_s: float,
+        cgroup: ChildCgroup,
+    ) -> None:
+        self.spec = spec
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self.failures = failures
+        self.delay_s = delay_s
+        self.cgroup = cgroup
+        self.results: list[ProbeResult] = []
+        self.killed_at_ns: int | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="repro-liveness", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(self.timeout_s + 10)
+
+    def _run(self) -> None:
+        from tracer.sources.probes import Prober
+
+        if self._stop.wait(self.delay_s):
+            return
+        consecutive = 0
+        with Prober(self.spec, self.interval_s, self.timeout_s) as prober:
+            while not self._stop.wait(0.05):
+                for r in prober.poll():
+                    self.results.append(r)
+                    consecutive = 0 if r.ok else consecutive + 1
+                    if self.failures and consecutive >= self.failures and self.killed_at_ns is None:
+                        self._kill()
+            self.results.extend(prober.poll())
+
+    def _kill(self) -> None:
+        self.killed_at_ns = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+        for pid in self.cgroup.procs():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+
+
+class Experiment:
+    """Runs a `Plan`; ``progress`` gets one line per step (the CLI prints them on stderr)."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        progress: Callable[[str], None] = lambda line: None,
+        *,
+        layout: CgroupLayout | None = None,
+    ) -> None:
+        self.plan = plan
+        self.progress = progress
+        self._layout = layout
+
+    def run(self) -> Comparison:
+        from tracer.record import preflight
+        from tracer.sources.cgroupfs import CgroupLayout
+
+        preflight()
+        layout = self._layout or CgroupLayout.from_system()
+        if layout.memory_version is None:
+            raise UsageError("no cgroup hierarchy with the memory controller is mounted")
+        exe = self.plan.command[0]
+        if ("/" in exe and not os.access(exe, os.X_OK)) or (
+            "/" not in exe and shutil.which(exe) is None
+        ):
+            raise UsageError(
+                f"cannot run {exe}: command not found or not executable",
+                fix="check the command and its PATH",
+            )
+        parent = self.plan.parent_cgroup or default_parent(layout)
+        os.makedirs(self.plan.out_dir, exist_ok=True)
+        if any(n.startswith("run") and n.endswith(".trace") for n in os.listdir(self.plan.out_dir)):
+            raise UsageError(
+                f"{self.plan.out_dir} already holds run traces",
+                fix="choose another --out-dir (the default is a new timestamped one)",
+            )
+        cap = None
+        if self.plan.kind != MEMORY_MAX and self.plan.memory_max is None:
+            cap = safety_cap()
+            self.progress(
+                f"repro: no --memory-max: each run's cgroup is capped at {fmt_bytes(cap)} "
+                "(80% of the host's available memory) so that no run can exhaust the host"
+            )
+        comparison = Comparison(self.plan, [], int(layout.memory_version), parent)
+        todo = self.plan.runs()
+        for n, (setting, repeat) in enumerate(todo, start=1):
+            result = self._one(n, len(todo), setting, repeat, layout, parent, cap)
+            comparison.runs.append(result)
+            if result.error == "interrupted":
+                comparison.interrupted = True
+                break
+        comparison.check_monotonic()
+        return comparison
+
+    def _limits(self, setting: Setting, cap: int | None) -> tuple[int | None, int | None]:
+        """(memory.max / limit_in_bytes, memory.high) for one run."""
+        if self.plan.kind == MEMORY_MAX:
+            return int(setting.value), None
+        limit = self.plan.memory_max if self.plan.memory_max is not None else cap
+        if self.plan.kind == MEMORY_HIGH:
+            return limit, int(setting.value)
+        return limit, None
+
+    def _one(
+        self,
+        n: int,
+        total: int,
+        setting: Setting,
+        repeat: int,
+        layout: CgroupLayout,
+        parent: str,
+        cap: int | None,
+    ) -> RunResult:
+        from tracer.record import Recorder, Targets
+        from tracer.sources.cgroupfs import ChildCgroup
+
+        plan = self.plan
+        trace = os.path.join(
+            plan.out_dir,
+            f"run{n:02d}-{plan.kind}-{_slug(setting.text)}"
+            + (f"-{repeat}" if plan.repeats > 1 else "")
+            + ".trace",
+        )
+        result = RunResult(run=n, setting=setting, repeat=repeat, trace=trace)
+        limit, high = self._limits(setting, cap)
+        what = f"{OPTION[plan.kind].lstrip('-')}={setting.text}"
+        self.progress(f"repro: run {n}/{total}: {what} ... recording to {trace}")
+        name = f"whyrestart-repro-{os.getpid()}-{n}"
+        live: _Liveness | None = None
+        with ChildCgroup(parent, name, limit, high_bytes=high, layout=layout) as cg:
+            procs = os.path.join(cg.abs_path, "cgroup.procs")
+            rec = Recorder(
+                trace, Targets(command=in_cgroup(procs, plan.command)), duration=plan.duration_s
+            )
+            if plan.probe is not None:
+                timeout = setting.value if plan.kind == PROBE_TIMEOUT else plan.probe_timeout_s
+                assert timeout is not None
+                live = _Liveness(
+                    plan.probe,
+                    plan.probe_interval_s,
+                    float(timeout),
+                    plan.probe_failures,
+                    plan.probe_delay_s,
+                    cg,
+                )
+                live.start()
+            try:
+                rec_result = rec.run()
+            finally:
+                if live is not None:
+                    live.stop()
+            result.peak_bytes = _read_peak(cg.abs_path, layout.memory_version)
+            cgroup_id = cg.cgroup_id
+        self._fill(result, rec_result, cgroup_id, live)
+        self.progress(f"repro: run {n}/{total}: {what} -> {self._describe(result)}")
+        return result
+
+    def _fill(
+        self,
+        result: RunResult,
+        rec: RecordResult,
+        cgroup_id: int,
+        live: _Liveness | None,
+    ) -> None:
+        from tracer.events import CgroupSample, ProbeSample, ReclaimSummary
+        from tracer.trace.reader import TraceReader
+
+        result.exit_status = rec.command_status
+        start = rec.header.started_ns
+        end = start
+        peak_seen: int | None = None
+        trace_probes: list[ProbeSample] = []
+        with TraceReader(result.trace) as reader:
+            for ev in reader:
+                end = max(end, ev.ts)
+                if isinstance(ev, ReclaimSummary) and ev.cgroup_id == cgroup_id:
+                    if ev.kind in STALL_KINDS:
+                        result.stall_ns += ev.total_ns
+                elif isinstance(ev, CgroupSample) and ev.cgroup_id == cgroup_id:
+                    for v in (ev.usage_bytes, ev.peak_bytes):
+                        if v is not None and (peak_seen is None or v > peak_seen):
+                            peak_seen = v
+                elif isinstance(ev, ProbeSample):
+                    trace_probes.append(ev)
+            footer = reader.footer
+        if footer is not None:
+            end = max(end, footer.ended_ns)
+        result.duration_s = (end - start) / 1e9
+        if result.peak_bytes is None:
+            result.peak_bytes = peak_seen
+        # Probes: ours (the liveness thread) and any the recorder put in the trace.
+        latencies = [p.latency_ns for p in trace_probes]
+        result.probes = len(trace_probes)
+        result.probe_failures = sum(1 for p in trace_probes if not p.ok or p.timed_out)
+        if live is not None:
+            result.probes += len(live.results)
+            result.probe_failures += sum(1 for r in live.results if not r.ok)
+            latencies += [r.latency_ns for r in live.results]
+            result.liveness_kill = live.killed_at_ns is not None
+        result.max_probe_latency_s = max(latencies) / 1e9 if latencies else None
+        if rec.reason.startswith("interrupted"):
+            result.outcome, result.error = ERROR, "interrupted"
+            result.verdict = deciding_verdict(rec.verdicts)
+            return
+        result.outcome, result.verdict = judge(
+            rec.verdicts, rec.command_status, result.liveness_kill
+        )
+        if result.outcome == KILLED and result.verdict is not None:
+            result.time_to_kill_s = round((result.verdict.ts - start) / 1e9, 3)
+
+    @staticmethod
+    def _describe(r: RunResult) -> str:
+        v = r.verdict
+        peak = f", peak {fmt_bytes(r.peak_bytes)}" if r.peak_bytes is not None else ""
+        if r.outcome == KILLED:
+            return f"killed ({v.cause if v else '?'}) after {r.time_to_kill_s} s{peak}"
+        if r.outcome == SURVIVED:
+            return f"survived{peak}"
+        if r.outcome == FAILED:
+            return f"failed (exit status {r.exit_status}){peak}"
+        return f"error: {r.error}"
+
+
+def _read_peak(abs_path: str, version: int | None) -> int | None:
+    """The kernel's own high-water mark of the run cgroup (v1 memory.max_usage_in_bytes, v2
+    memory.peak, Linux 5.19+): exact, where samples can miss a short peak."""
+    name = "memory.max_usage_in_bytes" if version == 1 else "memory.peak"
+    try:
+        with open(os.path.join(abs_path, name), encoding="ascii") as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+__all__ = [
+    "SCHEMA",
+    "Comparison",
+    "Experiment",
+    "Plan",
+    "RunResult",
+    "Setting",
+    "deciding_verdict",
+    "in_cgroup",
+    "judge",
+    "make_plan",
+    "parse_settings",
+    "parse_size",
+]

@@ -1,0 +1,246 @@
+"""Supervisors that name containers and count restarts: podman, Docker, systemd.
+
+This package owns asking supervisors about what they run. ``base`` has the interface
+(``Runtime``, ``ContainerInfo``); ``podman``, ``docker`` and ``systemd`` are the clients. This
+module adds:
+
+* ``detect()``: the runtimes that can be asked on this host now;
+* ``RestartCountPoller``: a background thread that asks each watched container's runtime for
+  its restart count every ``interval_s`` and queues ``RestartCountSample`` tuples
+  ``(ts, unit, source, count)`` (``ts`` on CLOCK_BOOTTIME ns, the trace's clock) for the
+  recorder to drain with ``poll()``; failed lookups queue ``RestartCountError`` tuples.
+
+No runtime is a hard dependency: none installed, none running, or one hanging all give fewer
+names and counts, never an exception or a stall in the recorder.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import NamedTuple, TypeVar
+
+from tracer.runtimes.base import ContainerInfo, Runtime
+from tracer.runtimes.docker import DEFAULT_SOCKET, DockerRuntime
+from tracer.runtimes.podman import PodmanRuntime
+from tracer.runtimes.systemd import SystemdRuntime
+
+__all__ = [
+    "ContainerInfo",
+    "DockerRuntime",
+    "PodmanRuntime",
+    "RestartCountError",
+    "RestartCountPoller",
+    "RestartCountSample",
+    "Runtime",
+    "SystemdRuntime",
+    "detect",
+]
+
+log = logging.getLogger(__name__)
+
+
+def boottime_ns() -> int:
+    """Now on CLOCK_BOOTTIME, the clock of every event in a trace."""
+    return time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+
+
+def detect(
+    *,
+    docker_socket: str = DEFAULT_SOCKET,
+    podman_args: Sequence[str] = (),
+    podman_env: Mapping[str, str] | None = None,
+) -> list[Runtime]:
+    """The runtimes that answer on this host, in the order a name is best looked up.
+
+    Podman before Docker: where both are installed, podman's CLI answers for its own
+    containers and Docker's socket for dockerd's; a name is tried in each in turn.
+    """
+    candidates: list[Runtime] = [
+        PodmanRuntime(global_args=podman_args, env=podman_env),
+        DockerRuntime(docker_socket),
+        SystemdRuntime(),
+    ]
+    found: list[Runtime] = []
+    for rt in candidates:
+        try:
+            ok = rt.available()
+        except Exception:  # available() promises not to raise; a bug here must not stop a run
+            log.exception("runtime %s: availability check failed", rt.name)
+            ok = False
+        if ok:
+            found.append(rt)
+    return found
+
+
+class RestartCountSample(NamedTuple):
+    ts: int  # CLOCK_BOOTTIME ns when the answer came back
+    unit: str  # the label the recorder watches the container under
+    source: str  # runtime name: "podman", "docker", "systemd"
+    restart_count: int  # the supervisor's restart count ("count" would shadow tuple.count)
+
+
+class RestartCountError(NamedTuple):
+    ts: int
+    unit: str
+    source: str
+    message: str  # why no count came back (container gone, runtime timed out...)
+
+
+_T = TypeVar("_T", RestartCountSample, RestartCountError)
+
+
+@dataclass(slots=True)
+class _Watch:
+    unit: str
+    runtime: Runtime
+    container_id: str
+    last_count: int | None = None
+    last_error: str | None = None
+
+
+class RestartCountPoller:
+    """Poll restart counts in a background thread; ``poll()`` drains, ``stop()`` ends.
+
+    * ``changes_only`` (default): a sample is queued the first time a count is read and when it
+      changes, not every interval (the trace records changes; the last sample is the final count
+      because ``stop()`` makes one last pass);
+    * errors are queued once per unit and message, again only when the message changes, so a
+      container that disappears gives one error, not one per second; it stays watched (a
+      runtime that timed out under memory pressure answers again later);
+    * queues are bounded (``max_queue``); the oldest entries are dropped and counted in
+      ``dropped``.
+
+    The caller's thread never waits on a runtime: ``watch``/``unwatch``/``poll``/``errors`` only
+    take a short lock, and ``stop()`` waits at most ``timeout_s`` for the thread (which is a
+    daemon, so an interpreter exit never hangs on a stuck runtime).
+    """
+
+    def __init__(
+        self,
+        interval_s: float = 1.0,
+        *,
+        changes_only: bool = True,
+        max_queue: int = 10_000,
+        clock: Callable[[], int] = boottime_ns,
+    ) -> None:
+        if interval_s <= 0:
+            raise ValueError("interval_s must be positive")
+        self.interval_s = interval_s
+        self.changes_only = changes_only
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._watches: dict[str, _Watch] = {}
+        self._samples: collections.deque[RestartCountSample] = collections.deque(maxlen=max_queue)
+        self._errors: collections.deque[RestartCountError] = collections.deque(maxlen=max_queue)
+        self.dropped = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- caller side
+
+    def watch(self, unit: str, runtime: Runtime, container_id: str) -> None:
+        """Poll ``container_id``'s count from ``runtime`` under the label ``unit`` (re-watching
+        a unit replaces its container: a recreated container has a new id)."""
+        with self._lock:
+            self._watches[unit] = _Watch(unit, runtime, container_id)
+
+    def unwatch(self, unit: str) -> None:
+        with self._lock:
+            self._watches.pop(unit, None)
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name="restart-counts", daemon=True)
+        self._thread.start()
+
+    def poll(self) -> list[RestartCountSample]:
+        """Samples queued since the last call, oldest first (never blocks on a runtime)."""
+        with self._lock:
+            out = list(self._samples)
+            self._samples.clear()
+        return out
+
+    def errors(self) -> list[RestartCountError]:
+        """Lookup failures queued since the last call, oldest first."""
+        with self._lock:
+            out = list(self._errors)
+            self._errors.clear()
+        return out
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """End the thread after one last pass; wait for it at most ``timeout_s``."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                log.warning("restart-count poller still busy after %.1f s; left behind", timeout_s)
+
+    def poll_once(self) -> None:
+        """One pass over every watched container, in the calling thread (for tests and for a
+        recorder that wants a count at a precise moment)."""
+        with self._lock:
+            watches = list(self._watches.values())
+        for w in watches:
+            self._query(w)
+
+    def __enter__(self) -> RestartCountPoller:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # -- thread side
+
+    def _run(self) -> None:
+        while True:
+            started = time.monotonic()
+            try:
+                self.poll_once()
+            except Exception:  # a bug in a runtime client must not end polling silently
+                log.exception("restart-count poll failed")
+            if self._stop.is_set():
+                return  # that was the final pass
+            # Wait out the rest of the interval (a slow pass shortens the wait, never overlaps);
+            # stop() wakes the wait and one final pass follows.
+            self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
+
+    def _query(self, w: _Watch) -> None:
+        rt = w.runtime
+        try:
+            count = rt.restart_count(w.container_id)
+            reason = rt.last_error
+        except Exception as exc:  # runtimes promise not to raise; keep polling if one does
+            count, reason = None, f"{type(exc).__name__}: {exc}"
+        ts = self._clock()
+        with self._lock:
+            if self._watches.get(w.unit) is not w:
+                return  # unwatched or replaced while we were asking
+            if count is None:
+                message = reason or f"{rt.name}: no restart count for {w.container_id[:12]}"
+                if message != w.last_error:
+                    w.last_error = message
+                    self._put(self._errors, RestartCountError(ts, w.unit, rt.name, message))
+                return
+            w.last_error = None
+            if self.changes_only and count == w.last_count:
+                return
+            w.last_count = count
+            self._put(self._samples, RestartCountSample(ts, w.unit, rt.name, count))
+
+    def _put(self, queue: collections.deque[_T], item: _T) -> None:
+        if queue.maxlen is not None and len(queue) == queue.maxlen:
+            self.dropped += 1  # deque(maxlen) drops the oldest by itself; count it
+        queue.append(item)

@@ -1,0 +1,212 @@
+"""Docker, asked through the Docker Engine API on its unix socket (no SDK dependency).
+
+This module owns the Docker client: ``UnixHTTPConnection`` (``http.client`` over AF_UNIX),
+``DockerRuntime`` (``GET /containers/{id}/json``, ``GET /_ping``) and
+``info_from_docker_inspect`` (pure: one inspect object → ``ContainerInfo``).
+
+The same client talks to anything that serves the Docker-compatible API: dockerd, and podman's
+``podman system service`` (which is how the tests run it against a real server here; pass
+``name="podman"`` to label what it finds as podman's).
+
+Fields relied on (Engine API v1.41 names, identical in podman 4.3's compat API): ``Id``,
+``Name`` (with a leading "/"), ``State.Status``, ``State.Pid``, ``State.OOMKilled``,
+``RestartCount``, ``HostConfig.RestartPolicy.{Name,MaximumRetryCount}``,
+``Config.Healthcheck.Test``, ``Config.Image`` (falls back to ``Image``, the id) and
+``Config.Labels`` (``io.kubernetes.pod.name``/``.namespace`` under dockershim). The API has no
+cgroup path: it is read from the main pid's ``/proc/PID/cgroup`` while the container runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import http.client
+import json
+import os
+import socket
+import stat
+import urllib.parse
+from collections.abc import Mapping
+from typing import Any
+
+from tracer.runtimes.base import (
+    ContainerInfo,
+    LookupFailed,
+    Runtime,
+    cgroup_path_of_pid,
+    get_bool,
+    get_dict,
+    get_int,
+    get_str,
+    healthcheck_test,
+    k8s_names,
+    restart_policy_text,
+)
+
+__all__ = ["DEFAULT_SOCKET", "DockerRuntime", "UnixHTTPConnection", "info_from_docker_inspect"]
+
+DEFAULT_SOCKET = "/var/run/docker.sock"
+
+# An inspect document is a few KiB; a huge reply means something else is on that socket.
+_MAX_BODY = 8 * 1024 * 1024
+
+
+class UnixHTTPConnection(http.client.HTTPConnection):
+    """``http.client.HTTPConnection`` whose transport is a unix-domain stream socket.
+
+    The host part of the URL is meaningless on a unix socket; dockerd ignores it, but HTTP/1.1
+    requires a Host header, so "localhost" is sent.
+    """
+
+    def __init__(self, socket_path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.socket_path = socket_path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(self.timeout)
+            sock.connect(self.socket_path)
+        except BaseException:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+def info_from_docker_inspect(
+    obj: Mapping[str, Any], runtime: str = "docker"
+) -> ContainerInfo | None:
+    """A ``GET /containers/{id}/json`` object → ``ContainerInfo`` (cgroup_path None: the API
+    has none). None when the object has no ``Id``."""
+    cid = get_str(obj, "Id")
+    if not cid:
+        return None
+    state = get_dict(obj, "State")
+    config = get_dict(obj, "Config")
+    host = get_dict(obj, "HostConfig")
+    name = get_str(obj, "Name").lstrip("/")
+    labels = config.get("Labels")
+    pod, namespace = k8s_names(name, labels if isinstance(labels, Mapping) else None)
+    pid = get_int(state, "Pid") or 0
+    return ContainerInfo(
+        runtime=runtime,
+        id=cid,
+        name=name,
+        cgroup_path=None,
+        pid=pid if pid > 0 else 0,
+        restart_count=get_int(obj, "RestartCount"),
+        restart_policy=restart_policy_text(get_dict(host, "RestartPolicy")),
+        healthcheck=healthcheck_test(config),
+        image=get_str(config, "Image") or get_str(obj, "Image"),
+        state=get_str(state, "Status"),
+        oom_killed=get_bool(state, "OOMKilled"),
+        pod=pod,
+        namespace=namespace,
+    )
+
+
+class DockerRuntime(Runtime):
+    """The Docker Engine API on a unix socket.
+
+    ``api_version`` (e.g. "1.41") pins the URL prefix; without it the daemon's own version is
+    used, which is what the fields above need (they have been stable since API 1.25).
+    """
+
+    name = "docker"
+
+    def __init__(
+        self,
+        socket_path: str = DEFAULT_SOCKET,
+        *,
+        timeout_s: float = 3.0,
+        api_version: str | None = None,
+        proc_root: str = "/proc",
+        name: str = "docker",
+    ) -> None:
+        self.name = name
+        super().__init__()
+        self.socket_path = socket_path
+        self.timeout_s = timeout_s
+        self.prefix = f"/v{api_version}" if api_version else ""
+        self.proc_root = proc_root
+
+    def available(self) -> bool:
+        try:
+            if not stat.S_ISSOCK(os.stat(self.socket_path).st_mode):
+                return False
+            status, body = self._get("/_ping")
+        except (OSError, LookupFailed):
+            return False
+        return status == 200 and body.strip() == b"OK"
+
+    def find(self, name_or_id: str) -> ContainerInfo | None:
+        # Docker shows names as "/web"; accept what users copy from `docker inspect`.
+        key = name_or_id.strip().lstrip("/")
+        if not key:
+            self._fail(f"{self.name}: empty container name")
+            return None
+        path = f"/containers/{urllib.parse.quote(key, safe='')}/json"
+        try:
+            status, body = self._get(path)
+        except LookupFailed as exc:
+            self._fail(f"{self.name}: {exc}")
+            return None
+        if status == 404:
+            self._fail(f"{self.name}: no container {key!r}", quiet=True)
+            return None
+        if status != 200:
+            self._fail(f"{self.name}: GET {path} answered {status}: {_api_message(body)}")
+            return None
+        try:
+            obj = json.loads(body)
+        except ValueError as exc:
+            self._fail(f"{self.name}: GET {path} answered non-JSON: {exc}")
+            return None
+        info = info_from_docker_inspect(obj, self.name) if isinstance(obj, Mapping) else None
+        if info is None:
+            self._fail(f"{self.name}: GET {path} answered no container object")
+            return None
+        self._ok()
+        proc_path = cgroup_path_of_pid(info.pid, self.proc_root)
+        if proc_path is not None:
+            info = dataclasses.replace(info, cgroup_path=proc_path)
+        return info
+
+    def _get(self, path: str) -> tuple[int, bytes]:
+        """One GET on a fresh connection; (status, body). Raises ``LookupFailed``.
+
+        A fresh connection per request: lookups are rare (start-up, once per poll interval),
+        and a kept-alive connection would need reconnect logic after every daemon restart.
+        """
+        conn = UnixHTTPConnection(self.socket_path, timeout=self.timeout_s)
+        try:
+            conn.request("GET", self.prefix + path, headers={"Accept": "application/json"})
+            resp = conn.getresponse()
+            body = resp.read(_MAX_BODY + 1)
+            if len(body) > _MAX_BODY:
+                raise LookupFailed(f"GET {path}: reply larger than {_MAX_BODY} bytes")
+            return resp.status, body
+        except TimeoutError as exc:
+            raise LookupFailed(
+                f"GET {path} on {self.socket_path} timed out after {self.timeout_s:g} s"
+            ) from exc
+        except (OSError, http.client.HTTPException) as exc:
+            raise LookupFailed(f"GET {path} on {self.socket_path}: {_exc_text(exc)}") from exc
+        finally:
+            conn.close()
+
+
+def _api_message(body: bytes) -> str:
+    """The daemon's ``{"message": ...}`` error text, or the start of the body."""
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        return body[:200].decode("utf-8", "replace")
+    if isinstance(obj, Mapping) and isinstance(obj.get("message"), str):
+        return str(obj["message"])
+    return body[:200].decode("utf-8", "replace")
+
+
+def _exc_text(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
