@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from tracer.analysis.verdicts import Verdict, fmt_bytes
+from tracer.analysis.verdicts import Verdict, fmt_bytes, fmt_duration
 from tracer.events import (
     CgroupSample,
     EffectiveLimit,
@@ -29,7 +29,7 @@ INFO, WARN, CRIT = "info", "warn", "crit"
 
 WINDOW_NS = 2_000_000_000
 MAX_STALL_LINES = 3  # single-stall lines per cgroup/kind/window before folding into a summary
-SUMMARY_MIN_STALLS = 10  # a window with fewer stalls and little stall time stays quiet
+SUMMARY_MIN_STALLS = 100  # a window with fewer stalls and little stall time stays quiet
 SUMMARY_MIN_NS = 100_000_000
 USAGE_WARN = 0.90
 USAGE_REARM = 0.85
@@ -164,7 +164,7 @@ class PressureFeed:
                         ts,
                         WARN,
                         f"storm   {w.count} {KIND_WORDS.get(kind, kind)} "
-                        f"stalls, {w.total_ns / 1e9:.1f} s total, in "
+                        f"stalls, {fmt_duration(w.total_ns)} total, in "
                         f"{self._name(cgroup_id)} over {span / 1e9:.1f} s",
                     )
                 )
