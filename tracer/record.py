@@ -335,6 +335,7 @@ class Recorder:
         started = time.monotonic()
         next_status = started
         grace_until: float | None = None
+        next_flush = time.monotonic() + 1.0
         next_reclaim_ns = start_ns + RECLAIM_DRAIN_NS
         self._last_drain_ns = start_ns
         try:
@@ -366,6 +367,10 @@ class Recorder:
                 self._emit(reorder.pop_ready(now_ns), writer)
 
                 now = time.monotonic()
+                if writer is not None and now >= next_flush:
+                    # a quiet recording still reaches the disk within a second (tail -f, crashes)
+                    writer.flush()
+                    next_flush = now + 1.0
                 if self.status and now >= next_status:
                     self.status(self._status_line(now - started, writer, lost_seen), False)
                     next_status = now + 0.5

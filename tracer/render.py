@@ -7,6 +7,7 @@ gives the clock offset, as wall-clock time: the only place wall-clock time appea
 from __future__ import annotations
 
 import datetime as _dt
+from collections import Counter
 from collections.abc import Callable, Iterable
 
 from tracer.analysis.verdicts import Restart, Verdict, describe_status, fmt_bytes
@@ -122,6 +123,10 @@ def timeline(
             yield f"{clock.rel(ev.ts):>10}  {line}"
 
 
+# More verdicts than this (a busy host under --all): plain exits are folded into one line.
+MAX_ROWS = 200
+
+
 def _limit_peak(v: Verdict) -> str:
     if v.limit_bytes is None and v.peak_bytes is None:
         return "-"
@@ -139,6 +144,19 @@ def verdict_table(
     summary, evidence chain, disagreements and advice, then the unit restarts."""
     if not verdicts:
         return "No process of the watched set exited: no verdicts.\n"
+    folded = ""
+    if len(verdicts) > MAX_ROWS:
+        # A busy host (--all): list what was killed; fold plain exits into one line by code.
+        codes = Counter(v.exit_code for v in verdicts if v.cause == "app_exit")
+        verdicts = [v for v in verdicts if v.cause != "app_exit"][:MAX_ROWS]
+        if codes:
+            top = ", ".join(
+                f"code {c}: {n}" for c, n in sorted(codes.items(), key=lambda x: -x[1])[:8]
+            )
+            folded = (
+                f"\n{sum(codes.values())} processes exited on their own and are not "
+                f"listed ({top}); `whyrestart explain --json` lists every verdict\n"
+            )
     header = ("time", "unit", "pid", "comm", "cause", "confidence", "peak/limit")
     rows = [header]
     for v in verdicts:
@@ -152,6 +170,8 @@ def verdict_table(
     out = "\n".join(lines) + "\n"
     if evidence:
         for v in verdicts:
+            if v.cause == "app_exit" and v.exit_code == 0 and not v.disagreements:
+                continue  # nothing to explain
             out += f"\npid {v.pid} ({v.comm}): {v.cause}, {v.confidence} confidence\n"
             out += f"  {v.summary}\n"
             if v.breakdown:
@@ -170,6 +190,7 @@ def verdict_table(
             continue
         agree = "agrees" if theirs == ours else "DISAGREES: a restart one of us did not see"
         out += f"\n{unit}: {source} counted {theirs} restarts, whyrestart linked {ours} ({agree})\n"
+    out += folded
     if restarts:
         out += "\nrestarts:\n"
         for r in restarts:

@@ -21,6 +21,7 @@ come after the kernel OOM rule and before the signal rule; they live in
 from __future__ import annotations
 
 import signal as _signal
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -57,6 +58,7 @@ UNKNOWN = "unknown"
 HIGH, MEDIUM, LOW = "high", "medium", "low"
 
 SECOND = 1_000_000_000
+MAX_CLEAN_KEPT = 2000
 SETTLE_NS = 1 * SECOND  # how long after an exit late evidence may still arrive
 ALLOC_FAIL_WINDOW_NS = 10 * SECOND  # "an allocation failure preceded" the exit
 HEADROOM = 0.15
@@ -145,7 +147,11 @@ class Analyzer:
         self.ev = Evidence()
         self.supervisor_pids = frozenset(supervisor_pids)
         self.verdicts: list[Verdict] = []
-        self._pending: list[Exit] = []
+        self._pending: deque[Exit] = deque()
+        self._pruned = 0
+        self._exit_main: dict[int, bool] = {}  # pending exit -> was its unit's main process
+        self._clean_kept = 0
+        self.clean_not_kept = 0  # clean exits judged but not kept (over MAX_CLEAN_KEPT)
         self._units: dict[int, UnitName | None] = {}  # pid -> unit
         self._ended: dict[str, tuple[int, int]] = {}  # unit key -> (main pid, exit ts)
         self._links: list[tuple[int, str, int, int, int]] = []  # ts, unit, old, new, downtime
@@ -190,16 +196,16 @@ class Analyzer:
             self._first.setdefault(ev.cgroup_id, ev.main_pid)
         if isinstance(ev, ProbeSample) and ev.pid:
             self._checks.add(ev.pid)
-            self._pending = [e for e in self._pending if e.pid != ev.pid]
-        if isinstance(ev, Exit) and ev.pid in self._checks:
-            # a runtime's exec health check: a probe sample already, not a unit's process
-            self._checks.discard(ev.pid)
-        elif isinstance(ev, Exit) and not (senders.is_runtime_plumbing(ev.comm) and ev.status == 0):
+        if isinstance(ev, Exit) and not (senders.is_runtime_plumbing(ev.comm) and ev.status == 0):
             # (a container runtime's own setup processes ending normally are not judged)
             self._pending.append(ev)
             proc = self.ev.proc(ev.pid)
             unit = self._unit(ev.pid, proc)
-            if unit is not None and self._is_main(ev.pid, proc, unit):
+            # (whether it was its unit's main process is decided now, before a successor runs)
+            main = self._is_main(ev.pid, proc, unit)
+            self._exit_main[ev.pid] = main
+            # (a command tree is not restarted by anyone: no need to remember its end)
+            if unit is not None and unit.kind != "command" and main:
                 self._ended[unit.key] = (ev.pid, ev.ts)
                 if self._first.get(proc.cgroup_id) == ev.pid:
                     del self._first[proc.cgroup_id]  # the next program there is the new main
@@ -215,19 +221,39 @@ class Analyzer:
         return out + self.finish()
 
     def _judge_due(self, horizon: int | None) -> list[Verdict]:
-        due = [e for e in self._pending if horizon is None or e.ts <= horizon]
-        if not due:
+        # Exits arrive in time order: only the oldest can be due (O(1) when none is).
+        pending = self._pending
+        if not pending or (horizon is not None and pending[0].ts > horizon):
             return []
-        self._pending = [e for e in self._pending if e not in due]
+        due = []
+        while pending and (horizon is None or pending[0].ts <= horizon):
+            due.append(pending.popleft())
         out = []
         for ex in sorted(due, key=lambda e: (e.ts, e.pid)):
+            if ex.pid in self._checks:
+                # a runtime's exec health check: a probe sample already, not a unit's process
+                self._checks.discard(ex.pid)
+                self._exit_main.pop(ex.pid, None)
+                continue
             v = self._judge(ex)
-            self.verdicts.append(v)
+            self._keep(v)
             out.append(v)
             self.ev.forget_pid(ex.pid, ex.ts)
-        if horizon is not None:
+            self._units.pop(ex.pid, None)
+        if horizon is not None and horizon - self._pruned >= SECOND:
             self.ev.prune(horizon)
+            self._pruned = horizon
         return out
+
+    def _keep(self, v: Verdict) -> None:
+        """Keep every verdict that says something; plain clean exits only up to a cap, so a
+        week of --all on a busy host stays bounded (the rest are counted)."""
+        if v.cause == APP_EXIT and v.exit_code == 0 and not v.main:
+            if self._clean_kept >= MAX_CLEAN_KEPT:
+                self.clean_not_kept += 1
+                return
+            self._clean_kept += 1
+        self.verdicts.append(v)
 
     # -- units and restarts -----------------------------------------------------------------
 
@@ -290,7 +316,7 @@ class Analyzer:
     def _judge(self, ex: Exit) -> Verdict:
         proc = self.ev.proc(ex.pid)
         unit = self._unit(ex.pid, proc)
-        main = self._is_main(ex.pid, proc, unit)
+        main = self._exit_main.pop(ex.pid, True)
         pe = self.ev.by_pid.get(ex.pid) or PidEvidence()
         since = max(ex.start_ns, ex.ts - HISTORY_NS)
         end = ex.ts + SETTLE_NS
@@ -310,7 +336,8 @@ class Analyzer:
             )
         else:
             v = self._app_exit(ex, pe, bool(ooms or kmsg), exit_ev)
-        self._cause[ex.pid] = v.cause
+        if main and unit is not None and unit.kind != "command":
+            self._cause[ex.pid] = v.cause  # a restart may name it
         return _replace(v, unit=unit.label if unit else None, main=main)
 
     def _gpu_verdict(
