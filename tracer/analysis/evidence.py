@@ -8,6 +8,7 @@ counted, never silent.
 
 from __future__ import annotations
 
+import bisect
 from collections import OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -61,9 +62,10 @@ class PidEvidence:
 
 @dataclass
 class CgroupEvidence:
-    samples: deque[CgroupSample] = field(
-        default_factory=lambda: deque(maxlen=MAX_SAMPLES_PER_CGROUP)
-    )
+    # a list with its timestamps beside it, for bisect (samples arrive in time order);
+    # trimmed to the newest MAX_SAMPLES_PER_CGROUP when twice that long
+    samples: list[CgroupSample] = field(default_factory=list)
+    sample_ts: list[int] = field(default_factory=list)
     summaries: deque[ReclaimSummary] = field(default_factory=lambda: deque(maxlen=600))
     limit: EffectiveLimit | None = None
 
@@ -85,7 +87,8 @@ class Evidence:
         self.by_pid: OrderedDict[int, PidEvidence] = OrderedDict()
         self.by_cgroup: OrderedDict[int, CgroupEvidence] = OrderedDict()
         self.host: deque[HostSample] = deque(maxlen=1200)
-        self.units: dict[int, UnitInfo] = {}  # cgroup id -> what a runtime calls it
+        self.units: dict[int, UnitInfo] = {}
+        self.ids_by_path: dict[str, int] = {}  # cgroup id -> what a runtime calls it
         self.probes: deque[ProbeSample] = deque(maxlen=4096)
         self.runtime: dict[str, list[RuntimeSample]] = {}  # unit label -> samples
         self.gpu = GpuStore()  # GPU events: tracer/analysis/gpu.py
@@ -126,6 +129,7 @@ class Evidence:
             return
         if isinstance(ev, CgroupInfo):
             self.cgroups[ev.cgroup_id] = ev
+            self.ids_by_path[ev.path] = ev.cgroup_id
         elif isinstance(ev, OomKill):
             self.pid(ev.victim_pid).ooms.append(ev)
         elif isinstance(ev, KmsgOom):
@@ -137,7 +141,17 @@ class Evidence:
         elif isinstance(ev, ReclaimSummary):
             self.cgroup(ev.cgroup_id).summaries.append(ev)
         elif isinstance(ev, CgroupSample):
-            self.cgroup(ev.cgroup_id).samples.append(ev)
+            cg = self.cgroup(ev.cgroup_id)
+            if cg.sample_ts and ev.ts < cg.sample_ts[-1]:  # late: keep the list sorted
+                i = bisect.bisect_right(cg.sample_ts, ev.ts)
+                cg.samples.insert(i, ev)
+                cg.sample_ts.insert(i, ev.ts)
+            else:
+                cg.samples.append(ev)
+                cg.sample_ts.append(ev.ts)
+            if len(cg.samples) > 2 * MAX_SAMPLES_PER_CGROUP:
+                del cg.samples[:MAX_SAMPLES_PER_CGROUP]
+                del cg.sample_ts[:MAX_SAMPLES_PER_CGROUP]
         elif isinstance(ev, EffectiveLimit):
             self.cgroup(ev.cgroup_id).limit = ev
         elif isinstance(ev, HostSample):
@@ -198,16 +212,16 @@ class Evidence:
         return info.path if info else None
 
     def id_of_path(self, path: str) -> int | None:
-        for cid, info in self.cgroups.items():
-            if info.path == path:
-                return cid
-        return None
+        """The newest cgroup id seen at this path."""
+        return self.ids_by_path.get(path)
 
     def samples_between(self, cgroup_id: int, start: int, end: int) -> list[CgroupSample]:
         ev = self.by_cgroup.get(cgroup_id)
         if ev is None:
             return []
-        return [s for s in ev.samples if start <= s.ts <= end]
+        lo = bisect.bisect_left(ev.sample_ts, start)
+        hi = bisect.bisect_right(ev.sample_ts, end)
+        return ev.samples[lo:hi]
 
     def stall_ns(
         self,

@@ -345,7 +345,10 @@ class Analyzer:
     ) -> Verdict | None:
         """gpu_oom, device_reset, or an app_exit that GPU evidence explains (a recovered GPU
         OOM, an Xid 31/43 fault): the rules are in tracer/analysis/gpu.py."""
-        f = gpu_rules.facts(self.ev.gpu, ex, since)
+        store = self.ev.gpu
+        if not (store.by_pid or store.xids or store.lost):
+            return None  # no GPU evidence in this recording at all (the common case: cheap)
+        f = gpu_rules.facts(store, ex, since)
         if not (f.user or f.device_down):
             return None
         ws = ex.wait
@@ -421,6 +424,8 @@ class Analyzer:
         charge-failure counters rose, or the process stalled in reclaim."""
         start = ex.ts - ALLOC_FAIL_WINDOW_NS
         out: list[Evidence_] = []
+        if not self.ev.by_cgroup and not pe.stalls:
+            return out
         for cid in self._ancestry(ex.cgroup_id):
             samples = self.ev.samples_between(cid, start, ex.ts + SETTLE_NS)
             if len(samples) < 2:
@@ -898,9 +903,11 @@ _SELF_INFLICTED = frozenset(
 
 
 def _replace(v: Verdict, **changes: Any) -> Verdict:
-    fields = {name: getattr(v, name) for name in v.__slots__}
-    fields.update(changes)
-    return Verdict(**fields)
+    # v was built a moment ago by the caller and is not shared yet: setting its fields in
+    # place is safe, and under exit storms much cheaper than building a second Verdict.
+    for name, value in changes.items():
+        object.__setattr__(v, name, value)
+    return v
 
 
 def describe_status(ex: Exit) -> str:
