@@ -609,6 +609,10 @@ static __always_inline int stall_begin(__u32 kind, struct mem_cgroup *memcg, __u
 
 	if (tgid == cfg.self_tgid || !is_watched(task, tgid))
 		return 0;
+	/* Before the inline wrapper (e.g. 6.1, 5.10) the over-high handler runs on every return to
+	 * user space and returns at once when nothing is over memory.high: not a throttle. */
+	if (kind == WR_STALL_HIGH && !BPF_CORE_READ(task, memcg_nr_pages_over_high))
+		return 0;
 	st.ts_ns = bpf_ktime_get_boot_ns();
 	st.kind = kind;
 	st.rung = rung;

@@ -122,3 +122,37 @@ def test_kernel_log_xid_lines(side: GpuSide) -> None:
     [ev] = side.from_kmsg(rec, t(5))
     assert isinstance(ev, GpuXid) and (ev.xid, ev.pid, ev.ts) == (79, 100, t(5))
     assert side.from_kmsg(KmsgRecord(6, 0, 8, 2, "eth0: link up"), t(6)) == []
+
+
+def test_second_looks_are_bounded_and_take_turns(
+    side: GpuSide, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tracer.gpu import libcuda
+    from tracer.gpu import side as side_mod
+
+    looked: list[int] = []
+
+    def fake_maps(pid: int, proc: str = "/proc") -> list[libcuda.Mapping]:
+        looked.append(pid)
+        return []
+
+    monkeypatch.setattr(side_mod.libcuda, "mappings_of", fake_maps)
+    pids = list(range(10_000, 10_600))
+    side.watch(pids)
+
+    def drain(at: float) -> list[int]:
+        looked.clear()
+        for _ in range(100):
+            side.poll(t(at))
+        return sorted(looked)
+
+    assert drain(100) == pids  # every new process is looked at once, 16 per call
+    cap = side_mod.MAX_RESCANS_PER_ROUND
+    first = drain(101.5)
+    second = drain(103)
+    third = drain(104.5)
+    assert first == pids[:cap] and second == pids[cap : 2 * cap]
+    assert third == sorted(pids[2 * cap :] + pids[: cap - (len(pids) - 2 * cap)])
+    # an exit takes a process out of the turns
+    side.track([exit_code(105, 10_000, 0)])
+    assert 10_000 not in drain(106) + drain(107.5) + drain(109)

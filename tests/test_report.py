@@ -11,6 +11,7 @@ without samplers: the report must still draw its limit and markers.
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import subprocess
 import sys
@@ -43,6 +44,12 @@ SESSION = "/process_api/8cc8fa5152fae0761ec959a6a71a95d3"
 PARENT = f"{SESSION}/wr-report"
 APP = f"{PARENT}/app"
 MiB = 1024 * 1024
+
+# Drawing needs matplotlib (the `report` extra, part of `dev`: scripts/setup installs it).
+draws = pytest.mark.skipif(
+    importlib.util.find_spec("matplotlib") is None,
+    reason="matplotlib not installed (pip install -e '.[dev]' or scripts/setup)",
+)
 
 
 def run(*args: str) -> tuple[int, str, str]:
@@ -88,6 +95,28 @@ def test_a_trace_without_samples_still_has_its_limit() -> None:
     assert {m.kind for m in u.markers} == {"oom", "signal", "exit"}
 
 
+def test_a_restart_is_a_marker_of_its_unit() -> None:
+    cg = 9
+    events: list[Event] = [
+        CgroupInfo(0, cg, "/system.slice/api.service", "memory", None),
+        Exec(10, 100, "api", "/usr/bin/api", cg),
+        Exit(2_000_000_000, 100, 1, "api", cg, 1 << 8, 10),  # exit code 1
+        Exec(3_000_000_000, 101, "api", "/usr/bin/api", cg),  # the supervisor started it again
+        Exit(5_000_000_000, 101, 1, "api", cg, 0, 3_000_000_000),
+    ]
+    t = build(_header(), events)
+    [u] = t.units
+    assert u.label == "api.service"
+    [r] = u.restarts
+    assert (r.old_pid, r.new_pid, r.cause) == (100, 101, "app_exit")
+    restart = [m for m in u.markers if m.kind == "restart"]
+    assert [m.label for m in restart] == ["restart → pid 101"]
+    from tracer.outputs.perfetto import export
+
+    names = {e["name"] for e in export(t, "x")["traceEvents"] if e["ph"] == "i"}
+    assert "restart → pid 101" in names
+
+
 def test_thin_keeps_peaks() -> None:
     points = [(i, float(i % 100)) for i in range(10_000)]
     points[5_555] = (5_555, 1e9)
@@ -122,6 +151,7 @@ def nested_html(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@draws
 def test_html_is_self_contained_and_has_verdict_and_limits(nested_html: Path) -> None:
     page = nested_html.read_text()
     assert page.startswith("<!doctype html>")
@@ -143,6 +173,7 @@ def test_html_is_self_contained_and_has_verdict_and_limits(nested_html: Path) ->
     assert "OOM kill pid 4563" in page  # the marker's label on the chart
 
 
+@draws
 def test_png_option(tmp_path: Path) -> None:
     html = tmp_path / "r.html"
     png = tmp_path / "r.png"
@@ -158,6 +189,7 @@ def test_png_option(tmp_path: Path) -> None:
     assert colours is None or len(colours) > 50  # drawn charts, not a blank canvas
 
 
+@draws
 def test_default_output_name_and_old_trace(tmp_path: Path) -> None:
     trace = tmp_path / "demo.trace"
     trace.write_bytes(DEMO.read_bytes())
@@ -170,6 +202,7 @@ def test_default_output_name_and_old_trace(tmp_path: Path) -> None:
     assert "64.0 MiB" in page
 
 
+@draws
 def test_unwritable_output_is_a_clear_error(tmp_path: Path) -> None:
     code, _, err = run("report", str(NESTED), "-o", str(tmp_path / "no" / "x.html"))
     assert code == 7
@@ -225,6 +258,7 @@ def _gpu_probe_events() -> list[Event]:
     return ev
 
 
+@draws
 def test_gpu_and_probe_panels_appear_when_the_trace_has_them() -> None:
     t = build(_header(), _gpu_probe_events())
     [u] = t.units
@@ -239,6 +273,7 @@ def test_gpu_and_probe_panels_appear_when_the_trace_has_them() -> None:
     assert "GPU 0 total Fake GPU" in page  # the host's device memory
 
 
+@draws
 def test_many_units_are_capped(monkeypatch: pytest.MonkeyPatch) -> None:
     """A whole-host recording can hold thousands of units: the most telling get charts."""
     events: list[Event] = []
@@ -283,6 +318,7 @@ def _chromium_args(profile: Path) -> list[str]:
     ]
 
 
+@draws
 @pytest.mark.skipif(_chromium() is None, reason="chromium not installed (scripts/setup adds it)")
 def test_report_renders_in_headless_chromium(nested_html: Path, tmp_path: Path) -> None:
     exe = _chromium()

@@ -199,6 +199,16 @@ def test_comparison_table_and_json() -> None:
     )
     doc = orjson.loads(orjson.dumps(c.to_json()))
     assert doc["schema"] == 1 and doc["setting"] == "memory_max"
+    # the shape documented in tracer/outputs/__init__.py
+    assert set(doc) == {
+        "schema", "kind", "setting", "fixed", "command", "cgroup_version", "parent_cgroup",
+        "out_dir", "interrupted", "runs", "smallest_surviving", "warnings",
+    }  # fmt: skip
+    assert set(doc["runs"][0]) == {
+        "run", "setting", "value", "repeat", "trace", "outcome", "survived", "exit_status",
+        "cause", "verdict", "peak_bytes", "time_to_kill_s", "duration_s", "stall_s", "probes",
+        "probe_failures", "max_probe_latency_s", "liveness_kill", "error",
+    }  # fmt: skip
     assert [r["outcome"] for r in doc["runs"]] == ["killed", "survived", "survived"]
     assert doc["runs"][0]["cause"] == "cgroup_oom" and doc["runs"][0]["time_to_kill_s"] == 0.5
     assert doc["smallest_surviving"] == {
@@ -235,11 +245,14 @@ def test_comparison_flags_noisy_runs() -> None:
 def test_memory_max_experiment(tmp_path: Path) -> None:
     """32M kills the ~100 MiB hog (a real cgroup OOM), 256M lets it finish: the comparison says
     256M is the smallest limit that survived."""
+    from tracer.sources.cgroupfs import CgroupLayout
+
     lines: list[str] = []
     plan = _plan(
         memory_max="32M,256M",
         command=[sys.executable, "-c", HOG],
         out_dir=str(tmp_path / "runs"),
+        memory_version=CgroupLayout.from_system().memory_version,
     )
     comparison = Experiment(plan, lines.append).run()
     small, large = comparison.runs

@@ -251,11 +251,12 @@ class NvmlSampler:
         except nvml.NVMLError as exc:
             if _code(exc) == nvml.NVML_ERROR_TIMEOUT:
                 return []
-            if _code(exc) in (nvml.NVML_ERROR_GPU_IS_LOST, nvml.NVML_ERROR_RESET_REQUIRED):
-                return self._lost_event(None, exc, self.clock())
-            # a broken wait would spin: pace it like a timeout
+            now = self.clock()
+            # a wait that fails at once would spin: pace it like a timeout
             self._stop.wait(timeout_ms / 1000)
-            return self._error("events", f"waiting for events: {exc}", self.clock())
+            if _code(exc) in (nvml.NVML_ERROR_GPU_IS_LOST, nvml.NVML_ERROR_RESET_REQUIRED):
+                return self._lost_event(None, exc, now)
+            return self._error("events", f"waiting for events: {exc}", now)
         now = self.clock()
         if not int(data.eventType) & nvml.nvmlEventTypeXidCriticalError:
             return []

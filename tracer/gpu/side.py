@@ -18,6 +18,7 @@ Nothing here is fatal: without the BPF object, uprobes or NVML the recording goe
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import os
 from collections import deque
@@ -47,8 +48,11 @@ __all__ = ["GpuSide"]
 
 SCAN_INTERVAL_NS = 1_000_000_000
 # /proc/PID/maps of a large process takes ~1 ms to read and parse: this many per call keeps a
-# 10 ms loop responsive whatever the number of watched processes.
+# 10 ms loop responsive whatever the number of watched processes ...
 MAX_SCANS_PER_POLL = 16
+# ... and this many second looks per round bounds the cost on a host with thousands of
+# processes (--all): they are looked at in turn, every few seconds each, instead.
+MAX_RESCANS_PER_ROUND = 256
 
 
 class GpuSide:
@@ -106,7 +110,8 @@ class GpuSide:
         self._covered: dict[int, int] = {}  # pid -> when its libcuda was found
         self._gpu_pids: set[int] = set()  # pids with GPU bookkeeping in the BPF maps
         self._queue: deque[int] = deque()
-        self._queued: set[int] = set()
+        self._queued: set[int] = set()  # the live entries of _queue (an exit removes one)
+        self._rescan_after = 0  # where the last round of second looks stopped (a pid)
         self._next_scan = clock() + SCAN_INTERVAL_NS
         self._pids_dirty = False
         self._lost_seen = 0
@@ -173,6 +178,7 @@ class GpuSide:
 
     def _forget(self, pid: int) -> None:
         self._covered.pop(pid, None)
+        self._queued.discard(pid)
         if pid in self._watched:
             self._watched.discard(pid)
             self._pids_dirty = True
@@ -201,8 +207,7 @@ class GpuSide:
         if not final:
             if now_ns >= self._next_scan:
                 self._next_scan = now_ns + SCAN_INTERVAL_NS
-                for pid in self._watched - self._covered.keys():
-                    self._enqueue(pid)
+                self._second_looks()
                 if self._pids_dirty and not self.filter_all:
                     self.nvml.set_pids(frozenset(self._watched))
                     self._pids_dirty = False
@@ -213,13 +218,29 @@ class GpuSide:
         ev = xid.event_from_kmsg(rec, ts)
         return [ev] if ev is not None else []
 
+    def _second_looks(self) -> None:
+        """Queue the watched processes not known to map libcuda (they may dlopen it any time),
+        at most MAX_RESCANS_PER_ROUND of them, taking turns by pid."""
+        pending = sorted(self._watched - self._covered.keys())
+        if len(pending) > MAX_RESCANS_PER_ROUND:
+            i = bisect.bisect_right(pending, self._rescan_after)
+            pending = (pending[i:] + pending[:i])[:MAX_RESCANS_PER_ROUND]
+        if pending:
+            self._rescan_after = pending[-1]
+        for pid in pending:
+            self._enqueue(pid)
+
     def _scan(self, now_ns: int) -> list[Event]:
         out: list[Event] = []
-        for _ in range(min(MAX_SCANS_PER_POLL, len(self._queue))):
+        scanned = 0
+        while self._queue and scanned < MAX_SCANS_PER_POLL:
             pid = self._queue.popleft()
+            if pid not in self._queued:
+                continue  # exited while queued: costs nothing (fork storms queue many)
             self._queued.discard(pid)
             if pid in self._covered or not (self.filter_all or pid in self._watched):
                 continue
+            scanned += 1
             maps = libcuda.mappings_of(pid, self.proc)
             if not maps:
                 continue

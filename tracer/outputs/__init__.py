@@ -31,6 +31,7 @@ unless a name ends in ``_ns`` (CLOCK_BOOTTIME nanoseconds); sizes are bytes.
       "cgroup_version": 1 | 2,
       "parent_cgroup": str,                # where each run's cgroup was created
       "out_dir": str,                      # the traces
+      "interrupted": bool,                 # Ctrl-C ended the experiment early
       "runs": [
         {
           "run": int,                      # 1-based, in the order run
@@ -51,6 +52,7 @@ unless a name ends in ``_ns`` (CLOCK_BOOTTIME nanoseconds); sizes are bytes.
           "probes": int,                   # probes run (0 without --probe)
           "probe_failures": int,           # of those, failed or timed out
           "max_probe_latency_s": float | null,
+          "liveness_kill": bool,           # repro killed it after --probe-failures failures
           "error": str | null              # why the run could not be judged ("error" outcome)
         }, ...
       ],
@@ -58,8 +60,13 @@ unless a name ends in ``_ns`` (CLOCK_BOOTTIME nanoseconds); sizes are bytes.
         "setting": str, "value": int | float,
         "headroom": int | float,           # value - peak usage (bytes) / - max latency (s)
         "headroom_pct": float              # headroom as a percentage of value
-      } | null
+      } | null,
+      "warnings": [str, ...]               # e.g. a larger value failed where a smaller survived
     }
+
+A run's ``outcome``: ``killed`` (its deciding verdict is not ``app_exit``, or the liveness
+check killed it), ``failed`` (it exited non-zero or crashed on its own), ``survived`` (exit 0,
+or still running when ``--duration`` ended the run), ``error`` (interrupted).
 
 ``whyrestart export --format perfetto`` writes the Chrome trace-event format (the JSON object
 form: ``{"traceEvents": [...], "displayTimeUnit": "ms", "metadata": {...}}``) that
