@@ -2,8 +2,8 @@
 
 Tiers: pure tests need nothing; ``bpfobj`` needs the compiled object and bpftool; ``root``
 needs root, BTF and a memory cgroup controller; ``lab`` runs only inside the lab VM that
-scripts/lab-vm boots (its init sets WHYRESTART_LAB=1). A test that cannot run here is skipped with the
-reason, and pytest -ra lists every skip in the summary.
+scripts/lab-vm boots (its init sets WHYRESTART_LAB=1). A test that cannot run here is skipped
+with the reason, and pytest -ra lists every skip in the summary.
 """
 
 from __future__ import annotations

@@ -10,10 +10,12 @@ import datetime as _dt
 from collections import Counter
 from collections.abc import Callable, Iterable
 
+from tracer.analysis import gpu as gpu_rules
 from tracer.analysis.verdicts import Restart, Verdict, describe_status, fmt_bytes
 from tracer.events import (
     SI_KERNEL,
     CgroupInfo,
+    CgroupMkdir,
     Event,
     Exec,
     Exit,
@@ -21,9 +23,12 @@ from tracer.events import (
     KmsgOom,
     Lost,
     OomKill,
+    ProbeSample,
     ReclaimStall,
     ReclaimSummary,
+    RuntimeSample,
     Signal,
+    UnitInfo,
     signal_name,
     signal_result_name,
 )
@@ -109,9 +114,20 @@ def describe(ev: Event, cgroup_path: Callable[[int], str | None]) -> str | None:
         return f"exec    pid {ev.pid} runs {ev.filename}"
     if isinstance(ev, Lost):
         return f"LOST    {ev.count} events the kernel could not hand over (ring buffer full)"
+    if isinstance(ev, ProbeSample):
+        state = "timed out" if ev.timed_out else "ok" if ev.ok else f"failed ({ev.error})"
+        return f"probe   {ev.target} {ev.unit}: {ev.latency_ns / 1e6:.0f} ms, {state}".replace(
+            "  ", " "
+        )
+    if isinstance(ev, RuntimeSample) and ev.restart_count is not None:
+        return f"restart {ev.source} counts {ev.restart_count} restarts of {ev.unit}"
+    if isinstance(ev, CgroupMkdir):
+        return f"cgroup  created {ev.path}"
+    if isinstance(ev, UnitInfo):
+        return None
     if isinstance(ev, CgroupInfo):
         return None
-    return None  # pragma: no cover - every kind is listed above
+    return gpu_rules.describe_event(ev)  # GPU events; None for samples and the rest
 
 
 def timeline(
