@@ -112,7 +112,8 @@ def test_exit_code(tmp_path: Path) -> None:
 
 
 def test_sigterm_from_another_process_names_the_sender(tmp_path: Path) -> None:
-    script = "sleep 30 & s=$!; /bin/kill -TERM $s; wait $s; exit 0"
+    # (the pause lets the child exec sleep first: killed before that, it would still be "sh")
+    script = "sleep 30 & s=$!; sleep 0.3; /bin/kill -TERM $s; wait $s; exit 0"
     res = record(tmp_path, ["sh", "-c", script])
     events = events_of(res.path)
     [killer] = [
@@ -121,9 +122,9 @@ def test_sigterm_from_another_process_names_the_sender(tmp_path: Path) -> None:
         if (isinstance(e, Exec) and e.filename == "/bin/kill")
         or (isinstance(e, Exec) and e.filename.endswith("/kill"))
     ]
-    by_comm = {v.comm: v for v in res.verdicts}
-    assert set(by_comm) == {"sh", "sleep", "kill"}
-    v = by_comm["sleep"]
+    assert sorted(v.comm for v in res.verdicts) == ["kill", "sh", "sleep", "sleep"]
+    [v] = [v for v in res.verdicts if v.comm == "sleep" and v.signal]
+    by_comm = {v.comm: v for v in res.verdicts if v.comm != "sleep"}
     assert (v.cause, v.signal, v.sender_pid, v.sender_comm) == (
         "signal_kill",
         "SIGTERM",

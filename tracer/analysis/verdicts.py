@@ -78,6 +78,8 @@ def fmt_bytes(n: int | float | None) -> str:
 
 
 def fmt_duration(ns: int) -> str:
+    if ns < 1_000_000:
+        return f"{ns / 1e3:.0f} us"
     return f"{ns / 1e6:.0f} ms" if ns < SECOND else f"{ns / 1e9:.1f} s"
 
 
