@@ -448,12 +448,28 @@ def test_file_mode_is_0600_whatever_the_umask(tmp_path: Path) -> None:
         existing = tmp_path / "old.trace"
         existing.write_bytes(b"old")
         existing.chmod(0o644)
-        write_trace(existing, SAMPLES)
+        with pytest.raises(OutputError, match="exists"):
+            write_trace(existing, SAMPLES)  # never written through
+        assert existing.read_bytes() == b"old"
+        w = TraceWriter.open(existing, HEADER, overwrite=True)
+        w.write_many(SAMPLES)
+        w.close(w.make_footer("command exited", ended_ns=13_000_000_000))
     finally:
         os.umask(old)
     for name in ("new.trace", "old.trace"):
         assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o600
-    assert read_trace(existing).events == SAMPLES  # overwritten, not appended to
+    assert read_trace(existing).events == SAMPLES  # replaced, not appended to
+
+
+def test_a_hard_link_planted_at_the_path_is_not_written_through(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    os.link(victim, tmp_path / "t.trace")
+    with pytest.raises(OutputError, match="exists"):
+        write_trace(tmp_path / "t.trace", SAMPLES)
+    w = TraceWriter.open(tmp_path / "t.trace", HEADER, overwrite=True)
+    w.close(w.make_footer("command exited", ended_ns=13_000_000_000))
+    assert victim.read_bytes() == b"precious"
 
 
 def test_symlink_at_the_path_is_refused(tmp_path: Path) -> None:

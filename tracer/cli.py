@@ -180,6 +180,9 @@ def target_options(fn: F) -> F:
             help="Pid of a supervisor whose kills count as stops/probe kills.",
         ),
         click.option("--duration", type=float, default=None, help="Stop after this many seconds."),
+        click.option(
+            "--redact", is_flag=True, help="Keep the recorded command line out of the trace."
+        ),
     ]
     for opt in reversed(opts):
         fn = opt(fn)
@@ -227,6 +230,7 @@ def make_targets(kw: dict[str, Any], command: tuple[str, ...]) -> Any:
         containers=list(kw["containers"]),
         probes=probes,
         supervisor_pids=list(kw["supervisors"]),
+        redact=kw["redact"],
     )
 
 
@@ -241,9 +245,12 @@ def make_targets(kw: dict[str, Any], command: tuple[str, ...]) -> Any:
 @target_options
 @click.option("--json", "as_json", is_flag=True, help="Print the verdicts as JSON at the end.")
 @click.option("-q", "--quiet", is_flag=True, help="No status line.")
+@click.option("--force", is_flag=True, help="Replace an existing trace file at -o.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @_friendly
-def record(output: str, as_json: bool, quiet: bool, command: tuple[str, ...], **kw: Any) -> None:
+def record(
+    output: str, as_json: bool, quiet: bool, force: bool, command: tuple[str, ...], **kw: Any
+) -> None:
     """Record exits, signals, OOM kills and memory pressure to a trace; a verdict per exit.
 
     \b
@@ -257,7 +264,11 @@ def record(output: str, as_json: bool, quiet: bool, command: tuple[str, ...], **
 
     targets = make_targets(kw, command)
     rec = Recorder(
-        output, targets, duration=kw["duration"], status=None if quiet else _status_printer()
+        output,
+        targets,
+        duration=kw["duration"],
+        status=None if quiet else _status_printer(),
+        overwrite=force,
     )
     result = rec.run()
     for w in result.warnings:

@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import os
 import platform
+import shutil
 import signal
 import time
 from collections import Counter
@@ -25,7 +26,7 @@ from typing import Any
 
 import psutil
 
-from tracer import __version__
+from tracer import __version__, selfguard
 from tracer.analysis.verdicts import Analyzer, Restart, Verdict
 from tracer.bpf import hooks, layout
 from tracer.bpf.decode import Decoder
@@ -77,13 +78,14 @@ class Targets:
     containers: list[str] = field(default_factory=list)
     probes: ProbeSetup | None = None
     supervisor_pids: list[int] = field(default_factory=list)
+    redact: bool = False  # keep command lines out of the trace
 
     def describe(self) -> dict[str, Any]:
         return {
             "pids": self.pids,
             "cgroups": self.cgroups,
             "all": self.all,
-            "command": self.command,
+            "command": ["[redacted]"] if self.redact and self.command else self.command,
             "containers": self.containers,
             "probes": [s.text for s in self.probes.specs] if self.probes else [],
             "supervisor_pids": self.supervisor_pids,
@@ -139,7 +141,7 @@ def preflight() -> None:
         )
 
 
-def _check_output(path: str) -> None:
+def _check_output(path: str, overwrite: bool) -> None:
     d = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(d):
         raise OutputError(
@@ -150,6 +152,10 @@ def _check_output(path: str) -> None:
         raise OutputError(f"cannot write {path}: {d} is not writable", "choose a writable -o path")
     if os.path.isdir(path):
         raise OutputError(f"cannot write {path}: it is a directory", "name a file with -o")
+    if os.path.lexists(path) and not overwrite:
+        raise OutputError(
+            f"cannot write {path}: it exists", "choose another -o path, or replace it with --force"
+        )
 
 
 class _StopFlag:
@@ -172,7 +178,10 @@ class Recorder:
         on_event: Callable[[Event | None, list[Verdict]], None] | None = None,
         stall_threshold_ns: int = DEFAULT_STALL_THRESHOLD_NS,
         sample_interval_ns: int = DEFAULT_INTERVAL_NS,
+        overwrite: bool = False,
     ) -> None:
+        self.overwrite = overwrite
+        self._guard: selfguard.Guard | None = None
         self.sample_interval_ns = sample_interval_ns
         self.stall_threshold_ns = stall_threshold_ns
         self.output = output
@@ -206,6 +215,13 @@ class Recorder:
             ids.append(resolver.id_of(path))
             self._watched_cgroup_paths.append(path.rstrip("/") or "/")
         t = self.targets
+        if t.command:
+            exe = t.command[0] if "/" in t.command[0] else shutil.which(t.command[0])
+            if exe is None or not os.access(exe, os.X_OK):
+                raise UsageError(
+                    f"cannot run {t.command[0]}: command not found or not executable",
+                    "check the command and its PATH",
+                )
         if not (t.pids or t.cgroups or t.all or t.command or t.containers):
             raise UsageError(
                 "nothing to record",
@@ -224,7 +240,9 @@ class Recorder:
             pass
 
     def _start_command(self, probe: hooks.Probe) -> GatedChild:
-        child = GatedChild(self.targets.command)
+        child = GatedChild(
+            self.targets.command, before_exec=self._guard.reset_in_child if self._guard else None
+        )
         probe.watch_pid(child.pid)
         self._known_pids.add(child.pid)
         child.release()
@@ -234,8 +252,13 @@ class Recorder:
 
     def run(self) -> RecordResult:
         preflight()
+        with selfguard.guarded() as guard:
+            self._guard = guard
+            return self._run_guarded()
+
+    def _run_guarded(self) -> RecordResult:
         if self.output is not None:
-            _check_output(self.output)
+            _check_output(self.output, self.overwrite)
         system.ensure_tracefs()
         cg_layout = CgroupLayout.from_system()
         resolver = CgroupResolver(cg_layout)
@@ -323,11 +346,16 @@ class Recorder:
                 "hook_failures": attached.failures,
                 "page_size": decoder.page_size,
                 "libbpf": system.libbpf_version(),
+                "self_protection": self._guard.applied if self._guard else {},
                 "gpu": gpu.describe(),
             },
         )
         self.header = header
-        writer = TraceWriter.open(self.output, header) if self.output is not None else None
+        writer = (
+            TraceWriter.open(self.output, header, overwrite=self.overwrite)
+            if self.output is not None
+            else None
+        )
         reorder = Reorder()
         lost_seen = 0
         child: GatedChild | None = None

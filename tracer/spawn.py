@@ -10,12 +10,13 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+from collections.abc import Callable
 
 from tracer.errors import UsageError
 
 
 class GatedChild:
-    def __init__(self, argv: list[str]) -> None:
+    def __init__(self, argv: list[str], before_exec: Callable[[], None] | None = None) -> None:
         if not argv:
             raise UsageError("empty command")
         exe = argv[0] if "/" in argv[0] else shutil.which(argv[0])
@@ -37,6 +38,8 @@ class GatedChild:
                 os.close(gate_r)
                 for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
                     signal.signal(sig, signal.SIG_DFL)
+                if before_exec is not None:
+                    before_exec()
                 os.execv(exe, argv)
             except OSError as exc:
                 os.write(err_w, str(exc.errno).encode())

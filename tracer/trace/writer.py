@@ -24,6 +24,7 @@ loses what was still buffered.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -65,6 +66,15 @@ def _open_error(path: str, exc: OSError) -> OutputError:
     """An `OutputError` for a failed open of the trace path, naming the cause and the fix."""
     where = os.path.dirname(path) or "."
     code = exc.errno
+    if code == errno.EEXIST and os.path.islink(path):
+        code = errno.ELOOP  # same answer as a link met without O_EXCL
+    elif code == errno.EEXIST and os.path.isdir(path):
+        code = errno.EISDIR
+    if code == errno.EEXIST:
+        return OutputError(
+            f"cannot create trace {path}: it exists",
+            "choose another path, or replace it with --force",
+        )
     if code == errno.ENOENT and os.path.isdir(where):
         # The directory is there but makes no files: /proc, /sys and the like.
         return OutputError(
@@ -162,8 +172,14 @@ class TraceWriter:
         flush_every: int = DEFAULT_FLUSH_EVERY,
         flush_bytes: int = DEFAULT_FLUSH_BYTES,
         zstd_level: int = DEFAULT_ZSTD_LEVEL,
+        overwrite: bool = False,
     ) -> TraceWriter:
-        """Create (or truncate) the trace at ``path`` and write its header to disk at once.
+        """Create the trace at ``path`` and write its header to disk at once.
+
+        The file is created with O_EXCL: an existing file is never written through (a file
+        or hard link planted in a world-writable directory would otherwise let a root-run
+        recorder clobber any file). ``overwrite`` first unlinks an existing regular file at the
+        path (unlinking never follows a link), then creates a new one the same way.
 
         The header reaches the file before this returns, so even a recording killed at once
         leaves a trace that says what it was. Raises `OutputError` for every failure.
@@ -181,10 +197,15 @@ class TraceWriter:
         # O_NONBLOCK: opening a FIFO for writing would otherwise block until a reader comes; with
         # it the open fails (ENXIO) and a regular file is unaffected. O_APPEND: after a rollback
         # truncates the file, the next write lands at the new end instead of leaving a hole.
+        if overwrite:
+            with contextlib.suppress(FileNotFoundError):
+                st0 = os.lstat(spath)
+                if stat.S_ISREG(st0.st_mode) or stat.S_ISLNK(st0.st_mode):
+                    os.unlink(spath)
         flags = (
             os.O_WRONLY
             | os.O_CREAT
-            | os.O_TRUNC
+            | os.O_EXCL
             | os.O_APPEND
             | os.O_NOFOLLOW
             | os.O_CLOEXEC

@@ -1,0 +1,73 @@
+"""The recorder protects the host from itself: it must never be the process that takes a host
+down, nor the one the OOM killer spares the workload for.
+
+* ``oom_score_adj`` is lowered to -900, so that under a host-wide OOM the kernel kills the
+  workload it is watching before it kills the witness (not -1000: on a host that is truly out of
+  memory the tracer should still be killable rather than wedge the machine);
+* its data size is capped with RLIMIT_DATA (heap and private mappings, kernel 4.7+), so a bug
+  or an event flood ends the recording with a MemoryError (and a trace footer) instead of
+  growing without bound. The normal footprint is under 100 MB.
+
+Both are restored when the recording ends (tests record in-process), and written into the
+trace header. Both are inherited across fork, so the recorded command undoes them in its child
+before exec (`Guard.reset_in_child`): the workload must keep its own OOM score and limits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import resource
+from collections.abc import Iterator
+from typing import Any
+
+OOM_SCORE_ADJ = -900
+DATA_LIMIT_BYTES = 1 << 30
+
+
+class Guard:
+    def __init__(self, proc_root: str) -> None:
+        self.path = f"{proc_root}/self/oom_score_adj"
+        self.applied: dict[str, Any] = {}
+        self.old_adj: str | None = None
+        self.old_limit = resource.getrlimit(resource.RLIMIT_DATA)
+
+    def apply(self) -> None:
+        try:
+            with open(self.path) as f:
+                self.old_adj = f.read().strip()
+            with open(self.path, "w") as f:
+                f.write(str(OOM_SCORE_ADJ))
+            self.applied["oom_score_adj"] = OOM_SCORE_ADJ
+        except OSError as exc:
+            # e.g. a container without CAP_SYS_RESOURCE: say so in the header, go on
+            self.applied["oom_score_adj_error"] = exc.strerror or str(exc)
+        soft, hard = self.old_limit
+        want = DATA_LIMIT_BYTES if hard == resource.RLIM_INFINITY else min(DATA_LIMIT_BYTES, hard)
+        if soft == resource.RLIM_INFINITY or soft > want:
+            try:
+                resource.setrlimit(resource.RLIMIT_DATA, (want, hard))
+                self.applied["data_limit_bytes"] = want
+            except (ValueError, OSError) as exc:
+                self.applied["data_limit_error"] = str(exc)
+
+    def reset_in_child(self) -> None:
+        """In the forked command, before exec: give it back what the recorder had."""
+        with contextlib.suppress(OSError, ValueError):
+            resource.setrlimit(resource.RLIMIT_DATA, self.old_limit)
+        if self.old_adj is not None:
+            with contextlib.suppress(OSError), open(self.path, "w") as f:
+                f.write(self.old_adj)
+
+    def restore(self) -> None:
+        self.reset_in_child()
+
+
+@contextlib.contextmanager
+def guarded(proc_root: str = "/proc") -> Iterator[Guard]:
+    """Apply the protections for the duration of a recording."""
+    guard = Guard(proc_root)
+    guard.apply()
+    try:
+        yield guard
+    finally:
+        guard.restore()
