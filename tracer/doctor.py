@@ -144,6 +144,7 @@ def run_checks() -> tuple[list[Check], dict[str, Any]]:
                 )
         except WhyrestartError as exc:
             checks.append(Check("hooks", False, str(exc), exc.fix or ""))
+        checks.extend(_gpu_checks(cg.memory_version == 1, facts))
     else:
         checks.append(
             Check(
@@ -159,3 +160,36 @@ def run_checks() -> tuple[list[Check], dict[str, Any]]:
 
 def can_record(checks: list[Check]) -> bool:
     return all(c.ok for c in checks if c.required)
+
+
+def _gpu_checks(memcg_v1: bool, facts: dict[str, Any]) -> list[Check]:
+    """The GPU side: uprobes on libcuda (gpu.bpf.o) and NVML. Both optional."""
+    from tracer.gpu.side import GpuSide
+
+    try:
+        side = GpuSide(filter_all=False, memcg_v1=memcg_v1, probe_host=True)
+    except Exception as exc:  # optional evidence: report it, never fail doctor
+        return [Check("gpu", False, f"GPU side failed to start: {exc}", required=False)]
+    try:
+        info = side.describe()
+    finally:
+        side.close()
+    facts["gpu"] = info
+    uprobes = info.get("uprobes")
+    nvml = str(info.get("nvml", "absent"))
+    return [
+        Check(
+            "hook:gpu_alloc",
+            uprobes == "ready",
+            f"libcuda uprobes {uprobes}; host libcuda.so.1: {info.get('host_libcuda')}",
+            "" if uprobes == "ready" else "optional: needs uprobes and gpu.bpf.o",
+            required=False,
+        ),
+        Check(
+            "nvml",
+            "absent" not in nvml,
+            f"NVML: {nvml}",
+            "optional: the NVIDIA driver's libnvidia-ml.so.1 gives GPU memory samples",
+            required=False,
+        ),
+    ]
