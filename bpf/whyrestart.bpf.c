@@ -467,7 +467,9 @@ static __always_inline int handle_victim(struct task_struct *victim, __u32 victi
 SEC("tp_btf/mark_victim")
 int BPF_PROG(oom_btf, struct task_struct *task)
 {
-	return handle_victim(task, 0, WR_RUNG_TP_BTF);
+	/* task->pid is a direct (BTF-typed) load, which the verifier refuses where the argument is
+	 * mark_victim(int pid) (a CO-RE read would accept the int and read nothing) */
+	return task->pid ? handle_victim(task, 0, WR_RUNG_TP_BTF) : 0;
 }
 
 SEC("tracepoint/oom/mark_victim")
@@ -654,7 +656,10 @@ static __always_inline int stall_end(__u64 reclaimed_pages)
 	if (agg) {
 		__sync_fetch_and_add(&agg->count, 1);
 		__sync_fetch_and_add(&agg->total_ns, dur);
-		__sync_fetch_and_add(&agg->reclaimed_pages, reclaimed_pages);
+		/* adding a constant 0 (the memory.high twins) becomes an atomic OR, which kernels
+		 * before 5.12 refuse ("BPF_STX uses reserved fields") */
+		if (reclaimed_pages)
+			__sync_fetch_and_add(&agg->reclaimed_pages, reclaimed_pages);
 		if (dur > agg->max_ns)
 			agg->max_ns = dur; /* racy max: good enough for a summary */
 	}

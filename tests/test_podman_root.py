@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -217,7 +218,9 @@ def test_podman_stop_is_a_signal_kill_by_the_runtime(tmp_path: Path, name: str) 
 def test_supervisord_restarts_are_linked_with_their_causes(tmp_path: Path) -> None:
     """A program under supervisord (not a container: a process supervisor) that keeps
     failing: each exit is judged, and each restart links the old and new process."""
-    supervisord = shutil.which("supervisord")
+    # the one installed beside this interpreter (a pyenv shim would be a bash wrapper)
+    beside = Path(sys.executable).parent / "supervisord"
+    supervisord = str(beside) if beside.exists() else shutil.which("supervisord")
     if supervisord is None:
         pytest.skip("supervisor (PyPI) is not installed (scripts/setup installs the dev extra)")
     conf = tmp_path / "supervisord.conf"

@@ -31,6 +31,7 @@ from tracer.analysis.verdicts import Analyzer, Restart, Verdict
 from tracer.bpf import hooks, layout
 from tracer.bpf.decode import Decoder
 from tracer.bpf.libbpf import RingBuffer
+from tracer.clock import boottime_ns
 from tracer.errors import KernelUnsupported, OutputError, PermissionProblem, UsageError
 from tracer.events import (
     CgroupMkdir,
@@ -331,7 +332,7 @@ class Recorder:
         decoder = Decoder(page_size=os.sysconf("SC_PAGE_SIZE"))
         assembler = OomAssembler()
         kmsg_offset = monotonic_to_boottime_offset_ns()
-        start_ns = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+        start_ns = boottime_ns()
         header = TraceHeader(
             schema=SCHEMA_VERSION,
             tool_version=__version__,
@@ -378,7 +379,7 @@ class Recorder:
                         rec_ts = record_ts_ns(rec, kmsg_offset)
                         events.extend(k for k in assembler.feed(rec, rec_ts) if self._wants_kmsg(k))
                         events.extend(gpu.from_kmsg(rec, rec_ts))
-                now_ns = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+                now_ns = boottime_ns()
                 events.extend(gpu.poll(now_ns))
                 if now_ns >= next_reclaim_ns:
                     events.extend(self._reclaim_summaries(probe, now_ns))
@@ -411,16 +412,14 @@ class Recorder:
                     break
             # final drain: whatever is still in flight
             events = decoder.decode_batch(rb.drain(0))
-            events.extend(gpu.poll(time.clock_gettime_ns(time.CLOCK_BOOTTIME), final=True))
+            events.extend(gpu.poll(boottime_ns(), final=True))
             self._track(events, samplers, resolver)
-            events.extend(
-                self._reclaim_summaries(probe, time.clock_gettime_ns(time.CLOCK_BOOTTIME))
-            )
+            events.extend(self._reclaim_summaries(probe, boottime_ns()))
             reorder.push(self._name_cgroups(events, resolver))
             self._emit(reorder.flush(), writer)
             lost = probe.lost_count()
             if lost > lost_seen:
-                ev = Lost(ts=time.clock_gettime_ns(time.CLOCK_BOOTTIME), count=lost - lost_seen)
+                ev = Lost(ts=boottime_ns(), count=lost - lost_seen)
                 self._emit([ev], writer)
                 lost_seen = lost
         except BaseException as exc:
@@ -432,7 +431,7 @@ class Recorder:
                 with contextlib.suppress(Exception):
                     writer.close(
                         TraceFooter(
-                            ended_ns=time.clock_gettime_ns(time.CLOCK_BOOTTIME),
+                            ended_ns=boottime_ns(),
                             counts=dict(self._counts),
                             lost=lost_seen,
                             warnings=[*self.warnings, reason],
@@ -464,7 +463,7 @@ class Recorder:
             rc = child.returncode
             command_status = rc if rc >= 0 else 128 - rc
         footer = TraceFooter(
-            ended_ns=time.clock_gettime_ns(time.CLOCK_BOOTTIME),
+            ended_ns=boottime_ns(),
             counts=dict(self._counts),
             lost=lost_seen,
             warnings=list(self.warnings),

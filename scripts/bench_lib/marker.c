@@ -1,12 +1,14 @@
 /* wr-marker: the start-to-first-event probe of scripts/bench (compiled at bench time with gcc).
  *
- *   wr-marker INTERVAL_MS MAX_COUNT
+ *   wr-marker INTERVAL_MS MAX_COUNT [sig]
  *
  * Every INTERVAL_MS (on an absolute schedule, so a slow iteration does not shift later ones)
  * fork a child that names itself "wrmk%05d" (its iteration number, via PR_SET_NAME) and
  * _exit(0)s at once; reap it. Stops after MAX_COUNT markers or at SIGINT/SIGTERM, then prints
  * one line per marker on stdout:  INDEX FORK_NS REAPED_NS  (CLOCK_BOOTTIME ns: just before fork(),
  * and just after waitpid() returned, i.e. after the child's exit tracepoints had fired).
+ * With "sig", each child also sends itself a SIGUSR1 it ignores before exiting, so that signal
+ * tracers (whose output names the sender's comm) see the marker too. WR_JOIN_CGROUP: join.h.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -19,6 +21,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "join.h"
+
 static volatile sig_atomic_t stop;
 static void on_sig(int s) { (void)s; stop = 1; }
 
@@ -30,15 +34,17 @@ static long long now_ns(clockid_t c) {
 
 int main(int argc, char **argv) {
 	if (argc < 3) {
-		fprintf(stderr, "usage: %s INTERVAL_MS MAX_COUNT\n", argv[0]);
+		fprintf(stderr, "usage: %s INTERVAL_MS MAX_COUNT [sig]\n", argv[0]);
 		return 2;
 	}
 	long interval_ms = atol(argv[1]);
 	long max = atol(argv[2]);
+	int sig = argc > 3 && strcmp(argv[3], "sig") == 0;
 	if (interval_ms < 1 || max < 1) {
 		fprintf(stderr, "wr-marker: bad arguments\n");
 		return 2;
 	}
+	join_cgroup_from_env();
 	long long *forked = calloc(max, sizeof *forked), *reaped = calloc(max, sizeof *reaped);
 	if (!forked || !reaped)
 		return 1;
@@ -57,6 +63,10 @@ int main(int argc, char **argv) {
 			char name[16];
 			snprintf(name, sizeof name, "wrmk%05ld", n % 100000);
 			prctl(PR_SET_NAME, name, 0, 0, 0);
+			if (sig) {
+				signal(SIGUSR1, SIG_IGN);
+				kill(getpid(), SIGUSR1);
+			}
 			_exit(0);
 		}
 		if (p < 0) {

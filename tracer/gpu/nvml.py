@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import ctypes
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from tracer.clock import boottime_ns
 from tracer.events import Event, GpuLost, GpuProcessSample, GpuSample, GpuXid, SampleError
 
 __all__ = ["GpuSampler", "NvmlAbsent", "NvmlSampler", "open_nvml"]
@@ -33,10 +33,6 @@ DEFAULT_INTERVAL_S = 1.0
 WAIT_SLICE_MS = 200
 
 Clock = Callable[[], int]
-
-
-def boottime_ns() -> int:
-    return time.clock_gettime_ns(time.CLOCK_BOOTTIME)
 
 
 class GpuSampler(Protocol):

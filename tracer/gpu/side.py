@@ -29,6 +29,7 @@ from tracer.bpf import layout
 from tracer.bpf.decode import Decoder
 from tracer.bpf.gpuprobe import GpuProbe, LibraryProbes
 from tracer.bpf.libbpf import RingBuffer
+from tracer.clock import boottime_ns
 from tracer.errors import WhyrestartError
 from tracer.events import (
     Event,
@@ -41,7 +42,7 @@ from tracer.events import (
     Lost,
 )
 from tracer.gpu import libcuda, xid
-from tracer.gpu.nvml import DEFAULT_INTERVAL_S, Clock, GpuSampler, boottime_ns, open_nvml
+from tracer.gpu.nvml import DEFAULT_INTERVAL_S, Clock, GpuSampler, open_nvml
 from tracer.parse.kmsg import KmsgRecord
 
 __all__ = ["GpuSide"]

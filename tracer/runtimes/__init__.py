@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import NamedTuple, TypeVar
 
+from tracer.clock import boottime_ns
 from tracer.runtimes.base import ContainerInfo, Runtime
 from tracer.runtimes.docker import DEFAULT_SOCKET, DockerRuntime
 from tracer.runtimes.podman import PodmanRuntime
@@ -43,11 +44,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-
-def boottime_ns() -> int:
-    """Now on CLOCK_BOOTTIME, the clock of every event in a trace."""
-    return time.clock_gettime_ns(time.CLOCK_BOOTTIME)
 
 
 def detect(

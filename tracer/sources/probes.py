@@ -36,6 +36,7 @@ import urllib.parse
 from dataclasses import dataclass
 from types import TracebackType
 
+from tracer.clock import boottime_ns
 from tracer.errors import UsageError
 from tracer.events import signal_name
 
@@ -54,10 +55,6 @@ DURATION_FORMS = "seconds (0.5), milliseconds (500ms) or seconds with a unit (2s
 # The kubelet reads at most 10 KiB of a probe's body; reading some of it (not just the
 # headers) counts a server that stalls mid-body as slow, as the kubelet would.
 _HTTP_BODY_LIMIT = 10 * 1024
-
-
-def boottime_ns() -> int:
-    return time.clock_gettime_ns(time.CLOCK_BOOTTIME)
 
 
 # ---------------------------------------------------------------------------------------------
