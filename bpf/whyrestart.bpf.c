@@ -320,8 +320,9 @@ int signal_tp(struct trace_event_raw_signal_generate *ctx)
  * them).
  *
  * Without oc, the limit is found by walking the memory cgroups from the victim (tp_btf rung: the
- * tracepoint's prototype is mark_victim(task, uid) on recent kernels such as 6.18, while 6.1's
- * is mark_victim(int pid), which the verifier then refuses and the next rung takes over) or
+ * tracepoint's prototype is mark_victim(task, uid) on recent kernels (6.18, and Debian's 6.1.192
+ * and 5.10.262 by backport), while older ones such as Debian 11's 5.10.223 have
+ * mark_victim(int pid), which the verifier then refuses and the next rung takes over) or
  * from the OOM-ing current task (classic tracepoint, whose record names the victim only by pid)
  * up to the root, and picking the limited one with the least headroom.
  */
@@ -575,7 +576,7 @@ struct reclaim_start {
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 16384);
-	__type(key, __u32);
+	__type(key, __u64); /* kind << 32 | thread id: stalls of different kinds nest */
 	__type(value, struct reclaim_start);
 } reclaim_starts SEC(".maps");
 
@@ -608,6 +609,7 @@ static __always_inline int stall_begin(__u32 kind, struct mem_cgroup *memcg, __u
 	__u32 tgid = BPF_CORE_READ(task, tgid);
 	__u32 tid = (__u32)bpf_get_current_pid_tgid();
 	struct reclaim_start st = {};
+	__u64 key = (__u64)kind << 32 | tid;
 
 	if (tgid == cfg.self_tgid || !is_watched(task, tgid))
 		return 0;
@@ -626,15 +628,16 @@ static __always_inline int stall_begin(__u32 kind, struct mem_cgroup *memcg, __u
 		find_limited(task_memcg(task), &lim, kind == WR_STALL_HIGH);
 		st.memcg_id = lim.id;
 	}
-	bpf_map_update_elem(&reclaim_starts, &tid, &st, BPF_ANY);
+	bpf_map_update_elem(&reclaim_starts, &key, &st, BPF_ANY);
 	return 0;
 }
 
-static __always_inline int stall_end(__u64 reclaimed_pages)
+static __always_inline int stall_end(__u32 kind, __u64 reclaimed_pages)
 {
 	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
 	__u32 tid = (__u32)bpf_get_current_pid_tgid();
-	struct reclaim_start *st = bpf_map_lookup_elem(&reclaim_starts, &tid);
+	__u64 skey = (__u64)kind << 32 | tid;
+	struct reclaim_start *st = bpf_map_lookup_elem(&reclaim_starts, &skey);
 	struct wr_reclaim_key key = {};
 	struct wr_reclaim_stats *agg, zero = {};
 	struct wr_stall *e;
@@ -676,7 +679,7 @@ static __always_inline int stall_end(__u64 reclaimed_pages)
 			bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
 		}
 	}
-	bpf_map_delete_elem(&reclaim_starts, &tid);
+	bpf_map_delete_elem(&reclaim_starts, &skey);
 	return 0;
 }
 
@@ -695,7 +698,7 @@ int BPF_PROG(memcg_reclaim_fexit)
 	__u64 ret = 0;
 
 	bpf_get_func_ret(ctx, &ret);
-	return stall_end(ret);
+	return stall_end(WR_STALL_MEMCG, ret);
 }
 
 SEC("kprobe/try_to_free_mem_cgroup_pages")
@@ -707,7 +710,7 @@ int BPF_KPROBE(memcg_reclaim_kprobe, struct mem_cgroup *memcg)
 SEC("kretprobe/try_to_free_mem_cgroup_pages")
 int BPF_KRETPROBE(memcg_reclaim_kretprobe, unsigned long ret)
 {
-	return stall_end(ret);
+	return stall_end(WR_STALL_MEMCG, ret);
 }
 
 SEC("tp_btf/mm_vmscan_memcg_reclaim_begin")
@@ -719,7 +722,7 @@ int BPF_PROG(memcg_reclaim_begin_btf)
 SEC("tp_btf/mm_vmscan_memcg_reclaim_end")
 int BPF_PROG(memcg_reclaim_end_btf, unsigned long nr_reclaimed)
 {
-	return stall_end(nr_reclaimed);
+	return stall_end(WR_STALL_MEMCG, nr_reclaimed);
 }
 
 SEC("tracepoint/vmscan/mm_vmscan_memcg_reclaim_begin")
@@ -731,7 +734,7 @@ int memcg_reclaim_begin_tp(void *ctx)
 SEC("tracepoint/vmscan/mm_vmscan_memcg_reclaim_end")
 int memcg_reclaim_end_tp(struct trace_event_raw_mm_vmscan_direct_reclaim_end_template *ctx)
 {
-	return stall_end(ctx->nr_reclaimed);
+	return stall_end(WR_STALL_MEMCG, ctx->nr_reclaimed);
 }
 
 /* Host-wide direct reclaim (try_to_free_pages): the host, not a cgroup, ran short. */
@@ -744,7 +747,7 @@ int BPF_PROG(direct_reclaim_begin_btf)
 SEC("tp_btf/mm_vmscan_direct_reclaim_end")
 int BPF_PROG(direct_reclaim_end_btf, unsigned long nr_reclaimed)
 {
-	return stall_end(nr_reclaimed);
+	return stall_end(WR_STALL_DIRECT, nr_reclaimed);
 }
 
 SEC("tracepoint/vmscan/mm_vmscan_direct_reclaim_begin")
@@ -756,7 +759,7 @@ int direct_reclaim_begin_tp(void *ctx)
 SEC("tracepoint/vmscan/mm_vmscan_direct_reclaim_end")
 int direct_reclaim_end_tp(struct trace_event_raw_mm_vmscan_direct_reclaim_end_template *ctx)
 {
-	return stall_end(ctx->nr_reclaimed);
+	return stall_end(WR_STALL_DIRECT, ctx->nr_reclaimed);
 }
 
 /* kswapd wake-ups: background reclaim started somewhere on the host. Counted, never sent. */
@@ -790,7 +793,7 @@ int BPF_PROG(high_fentry)
 SEC("fexit/__mem_cgroup_handle_over_high")
 int BPF_PROG(high_fexit)
 {
-	return stall_end(0);
+	return stall_end(WR_STALL_HIGH, 0);
 }
 
 SEC("kprobe")
@@ -802,7 +805,7 @@ int BPF_KPROBE(high_kprobe)
 SEC("kretprobe")
 int BPF_KRETPROBE(high_kretprobe)
 {
-	return stall_end(0);
+	return stall_end(WR_STALL_HIGH, 0);
 }
 
 /* ---------------------------------------------------------------------------------------- */

@@ -31,7 +31,7 @@
 
 #include "join.h"
 
-static volatile sig_atomic_t got;
+static volatile sig_atomic_t got; /* SIGUSR1s handled (child) */
 static void on_usr1(int s) { (void)s; got++; }
 
 static long long now_ns(clockid_t c) {
@@ -42,27 +42,21 @@ static long long now_ns(clockid_t c) {
 
 static double tv_s(struct timeval tv) { return tv.tv_sec + tv.tv_usec / 1e6; }
 
-/* The child: block SIGUSR1 except while waiting in sigsuspend, ack each one with a byte, and
- * stop when the parent closes the go pipe (polled between signals). */
-static int child_main(int ack_w, int go_r) {
+/* The child: SIGUSR1 is blocked except while it waits in sigsuspend (blocked before the fork,
+ * so none can arrive before it waits); it acks each one with a byte and stops when the parent
+ * closes the go pipe (polled between signals). */
+static int child_main(int ack_w, int go_r, const sigset_t *wait_mask) {
 	prctl(PR_SET_NAME, "wr-sigrecv", 0, 0, 0);
-	sigset_t block, wait_mask;
-	sigemptyset(&block);
-	sigaddset(&block, SIGUSR1);
-	sigprocmask(SIG_BLOCK, &block, &wait_mask);
-	sigdelset(&wait_mask, SIGUSR1);
+	long long acked = 0;
 	/* go_r is non-blocking: EOF (0) means stop, EAGAIN means go on */
 	for (;;) {
 		char c;
-		ssize_t r = read(go_r, &c, 1);
-		if (r == 0)
+		if (read(go_r, &c, 1) == 0)
 			break;
-		got = 0;
-		sigsuspend(&wait_mask); /* returns after the handler ran */
-		if (got) {
+		sigsuspend(wait_mask); /* returns after the handler ran */
+		for (; acked < got; acked++)
 			if (write(ack_w, "a", 1) != 1)
-				break;
-		}
+				return 1;
 	}
 	return 0;
 }
@@ -83,6 +77,11 @@ int main(int argc, char **argv) {
 	memset(&sa, 0, sizeof sa);
 	sa.sa_handler = on_usr1;
 	sigaction(SIGUSR1, &sa, NULL);
+	sigset_t block, wait_mask;
+	sigemptyset(&block);
+	sigaddset(&block, SIGUSR1);
+	sigprocmask(SIG_BLOCK, &block, &wait_mask);
+	sigdelset(&wait_mask, SIGUSR1);
 	int ack[2], go[2];
 	if (pipe(ack) || pipe2(go, O_NONBLOCK)) {
 		perror("wr-sigstorm: pipe");
@@ -96,7 +95,7 @@ int main(int argc, char **argv) {
 	if (child == 0) {
 		close(ack[0]);
 		close(go[1]);
-		_exit(child_main(ack[1], go[0]));
+		_exit(child_main(ack[1], go[0], &wait_mask));
 	}
 	close(ack[1]);
 	close(go[0]);

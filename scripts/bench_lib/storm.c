@@ -1,13 +1,14 @@
 /* wr-storm: the fork/exit storm that scripts/bench runs (compiled at bench time with gcc).
  *
- *   wr-storm SECONDS [BATCH [RATE]]
+ *   wr-storm SECONDS [BATCH [RATE [zero]]]
  *
  * In a loop until SECONDS have passed: fork BATCH children, each of which calls
  * _exit(i & 0xff) at once (i counts every child ever forked), then reap all BATCH of them.
  * Children never exec, so every exit the tracers see carries the comm "wr-storm".
  * With RATE > 0 (exits/s) the loop is paced: after each batch it sleeps until the time at which
  * that many exits are due on an absolute schedule (a paced storm for soak runs); RATE 0 (the
- * default) runs as fast as it can. WR_JOIN_CGROUP: see join.h.
+ * default) runs as fast as it can. With "zero", every child exits with status 0 instead (clean
+ * exits, which whyrestart keeps fewer of than failures). WR_JOIN_CGROUP: see join.h.
  * Prints one line of key=value pairs on stdout at the end:
  *   pid=... exits=... wall_s=... exits_per_s=... start_ns=... end_ns=... bad_status=... fork_retries=...
  * (start_ns/end_ns are CLOCK_BOOTTIME, the clock whyrestart's trace uses). bad_status counts
@@ -17,6 +18,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -34,12 +36,13 @@ static long long now_ns(clockid_t c) {
 
 int main(int argc, char **argv) {
 	if (argc < 2) {
-		fprintf(stderr, "usage: %s SECONDS [BATCH [RATE]]\n", argv[0]);
+		fprintf(stderr, "usage: %s SECONDS [BATCH [RATE [zero]]]\n", argv[0]);
 		return 2;
 	}
 	double seconds = atof(argv[1]);
 	int batch = argc > 2 ? atoi(argv[2]) : 32;
 	double rate = argc > 3 ? atof(argv[3]) : 0.0;
+	int zero = argc > 4 && strcmp(argv[4], "zero") == 0;
 	if (batch < 1 || batch > MAXBATCH || seconds <= 0 || rate < 0) {
 		fprintf(stderr, "wr-storm: bad arguments\n");
 		return 2;
@@ -56,8 +59,9 @@ int main(int argc, char **argv) {
 		int n = 0;
 		while (n < batch) {
 			pid_t p = fork();
+			int code = zero ? 0 : (int)(i & 0xff);
 			if (p == 0)
-				_exit((int)(i & 0xff));
+				_exit(code);
 			if (p < 0) {
 				if (errno == EAGAIN && n > 0)
 					break; /* reap what we have, then go on */
@@ -70,7 +74,7 @@ int main(int argc, char **argv) {
 				return 1;
 			}
 			pids[n] = p;
-			codes[n] = (int)(i & 0xff);
+			codes[n] = code;
 			n++;
 			i++;
 		}
@@ -99,7 +103,8 @@ int main(int argc, char **argv) {
 	long long end_boot = now_ns(CLOCK_BOOTTIME);
 	double wall = (end - start) / 1e9;
 	printf("pid=%d exits=%lld wall_s=%.6f exits_per_s=%.1f start_ns=%lld end_ns=%lld "
-	       "bad_status=%lld fork_retries=%lld batch=%d rate=%.0f\n",
-	       (int)getpid(), exits, wall, exits / wall, start_boot, end_boot, bad, retries, batch, rate);
+	       "bad_status=%lld fork_retries=%lld batch=%d rate=%.0f codes=%s\n",
+	       (int)getpid(), exits, wall, exits / wall, start_boot, end_boot, bad, retries, batch, rate,
+	       zero ? "zero" : "mixed");
 	return 0;
 }

@@ -144,6 +144,8 @@ class Probe:
 
     def _load(self, disabled: set[str]) -> BpfObject:
         every = {p for ladder in LADDERS.values() for _, progs in ladder for p in progs}
+        for name in disabled:
+            self.attached.refused_at_load[name] = "switched off by the caller"
         self.high_handler = kernel_function(HIGH_HANDLERS)
         if self.high_handler is None:
             for name in RETARGETED:

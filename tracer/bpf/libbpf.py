@@ -32,6 +32,7 @@ SAMPLE_FN = ctypes.CFUNCTYPE(c_int, c_void_p, c_void_p, c_size_t)
 
 LIBBPF_WARN, LIBBPF_INFO, LIBBPF_DEBUG = 0, 1, 2
 BPF_ANY = 0
+ENOTSUPP = 524  # the kernel-internal "operation not supported" some BPF commands return
 
 
 def _fix_for(step: str, err: int) -> str | None:
@@ -311,6 +312,13 @@ class Map:
         )
         if rc == -errno.ENOENT:
             return False
+        if rc == -ENOTSUPP:
+            # Hash maps gained lookup-and-delete in 5.14; before, read then delete (an update
+            # landing in between is lost: acceptable for summaries, and only on old kernels).
+            if not self.lookup(key, value):
+                return False
+            self.delete(key)
+            return True
         if rc < 0:
             raise BpfError(f"draining map {self.name}", -rc)
         return True
