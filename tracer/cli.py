@@ -150,8 +150,8 @@ def target_options(fn: F) -> F:
             "--pod",
             "pods",
             multiple=True,
-            help="Watch a Kubernetes pod, NS/NAME (needs the kubelet's cgroups and "
-            "the API; repeatable).",
+            help="Watch a Kubernetes pod on this node, NS/NAME (all its containers, "
+            "across restarts; repeatable).",
         ),
         click.option("--all", "all_", is_flag=True, help="Watch every process on the host."),
         click.option(
@@ -210,11 +210,13 @@ def make_targets(kw: dict[str, Any], command: tuple[str, ...]) -> Any:
             )
         cgroups.append(info.cgroup_path)
     if kw["pods"]:
-        raise UsageError(
-            "--pod needs the Kubernetes API, which whyrestart does not query yet",
-            "use --cgroup with the pod's cgroup (kubepods.slice/...pod<uid>.slice) or "
-            "--container with the container's id",
-        )
+        from tracer.runtimes.kubernetes import resolve_pod
+        from tracer.sources.cgroupfs import CgroupLayout
+
+        memory_root = CgroupLayout.from_system().memory_root
+        if memory_root is None:
+            raise UsageError("--pod: no memory cgroup controller is mounted here")
+        cgroups += [resolve_pod(p, memory_root) for p in kw["pods"]]
     probes = None
     if kw["probes"]:
         probes = ProbeSetup(
