@@ -288,6 +288,8 @@ def record(
             ),
             nl=False,
         )
+        if rec.analyzer.not_kept:
+            click.echo(NOT_KEPT.format(rec.analyzer.not_kept))
         click.echo(
             f"\ntrace written to {result.path} ({result.reason}); replay it with: "
             f"whyrestart replay {result.path}",
@@ -295,6 +297,12 @@ def record(
         )
     if result.command_status is not None:
         sys.exit(result.command_status)
+
+
+NOT_KEPT = (
+    "{} more verdicts were reached but not kept (bounded memory); `whyrestart replay "
+    "--tail FILE` shows every one"
+)
 
 
 def _verdicts_json(verdicts: list[Verdict], clock: Clock) -> str:
@@ -422,6 +430,7 @@ def replay(trace: str, as_json: bool, verdicts_only: bool, as_tail: bool) -> Non
                     "cgroups": {str(k): v.path for k, v in analyzer.cgroups.items()},
                     "verdicts": [{**v.to_json(), "t": clock.rel(v.ts)} for v in analyzer.verdicts],
                     "restarts": [r.to_json() for r in analyzer.restarts],
+                    "verdicts_not_kept": analyzer.not_kept,
                     "warnings": reader.warnings,
                     "footer": reader.footer.to_record() if reader.footer else None,
                 }
@@ -447,6 +456,8 @@ def replay(trace: str, as_json: bool, verdicts_only: bool, as_tail: bool) -> Non
         ),
         nl=False,
     )
+    if analyzer.not_kept:
+        click.echo(NOT_KEPT.format(analyzer.not_kept))
 
 
 # -- explain -------------------------------------------------------------------------------
@@ -492,6 +503,7 @@ def explain(trace: str, as_json: bool, pids: tuple[int, ...], units: tuple[str, 
                     "schema": 1,
                     "verdicts": [{**v.to_json(), "t": clock.rel(v.ts)} for v in verdicts],
                     "restarts": [r.to_json() for r in restarts],
+                    "verdicts_not_kept": analyzer.not_kept,
                 }
             )
         )

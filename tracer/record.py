@@ -63,6 +63,7 @@ from tracer.trace.format import SCHEMA_VERSION, TraceFooter, TraceHeader
 from tracer.trace.writer import TraceWriter
 
 POLL_MS = 10
+MAX_KNOWN_PIDS = 65536
 # Reclaim aggregates are read from the kernel this often (one summary per cgroup and kind).
 RECLAIM_DRAIN_NS = 1_000_000_000
 DEFAULT_STALL_THRESHOLD_NS = 10_000_000
@@ -196,7 +197,9 @@ class Recorder:
         self.warnings: list[str] = []
         self.analyzer = Analyzer(supervisor_pids=targets.supervisor_pids)
         self._named: set[int] = {0}
-        self._known_pids: set[int] = set()
+        # pids seen in the watched set (dict: insertion order, trimmed oldest-first); exited ones
+        # stay a while because their kernel-log OOM report can arrive after the exit
+        self._known_pids: dict[int, None] = {}
         self._sampled_ids: set[int] = set()
         self._pids_alive: set[int] = set(targets.pids)
         self._watched_cgroup_paths: list[str] = []
@@ -232,11 +235,11 @@ class Recorder:
 
     def _seed_pid(self, probe: hooks.Probe, pid: int) -> None:
         probe.watch_pid(pid)
-        self._known_pids.add(pid)
+        self._know(pid)
         try:
             for child in psutil.Process(pid).children(recursive=True):
                 probe.watch_pid(child.pid)
-                self._known_pids.add(child.pid)
+                self._know(child.pid)
         except psutil.Error:
             pass
 
@@ -245,7 +248,7 @@ class Recorder:
             self.targets.command, before_exec=self._guard.reset_in_child if self._guard else None
         )
         probe.watch_pid(child.pid)
-        self._known_pids.add(child.pid)
+        self._know(child.pid)
         child.release()
         return child
 
@@ -564,10 +567,10 @@ class Recorder:
                 self._pids_alive.discard(ev.pid)
                 samplers.unwatch_pid(ev.pid)
             elif isinstance(ev, Fork):
-                self._known_pids.add(ev.child_pid)
+                self._know(ev.child_pid)
                 samplers.watch_pid(ev.child_pid)
             elif isinstance(ev, Exec):
-                self._known_pids.add(ev.pid)
+                self._know(ev.pid)
                 samplers.watch_pid(ev.pid)
                 self._sample_cgroup(ev.cgroup_id, samplers, resolver)
             elif isinstance(ev, OomKill) and ev.limit_cgroup_id:
@@ -596,6 +599,12 @@ class Recorder:
         if path is not None:
             with contextlib.suppress(UsageError):  # gone already: nothing to sample
                 samplers.watch_cgroup(path)
+
+    def _know(self, pid: int) -> None:
+        self._known_pids[pid] = None
+        if len(self._known_pids) > MAX_KNOWN_PIDS:
+            for old in list(self._known_pids)[: MAX_KNOWN_PIDS // 2]:
+                del self._known_pids[old]
 
     def _wants_kmsg(self, k: KmsgOom) -> bool:
         if self.targets.all or k.victim_pid in self._known_pids:

@@ -59,6 +59,7 @@ HIGH, MEDIUM, LOW = "high", "medium", "low"
 
 SECOND = 1_000_000_000
 MAX_CLEAN_KEPT = 2000
+MAX_KEPT = 5000
 SETTLE_NS = 1 * SECOND  # how long after an exit late evidence may still arrive
 ALLOC_FAIL_WINDOW_NS = 10 * SECOND  # "an allocation failure preceded" the exit
 HEADROOM = 0.15
@@ -153,7 +154,7 @@ class Analyzer:
         self._pruned = 0
         self._exit_main: dict[int, bool] = {}  # pending exit -> was its unit's main process
         self._clean_kept = 0
-        self.clean_not_kept = 0  # clean exits judged but not kept (over MAX_CLEAN_KEPT)
+        self.not_kept = 0  # verdicts judged but not kept in self.verdicts (over the caps)
         self._units: dict[int, UnitName | None] = {}  # pid -> unit
         self._ended: dict[str, tuple[int, int]] = {}  # unit key -> (main pid, exit ts)
         self._links: list[tuple[int, str, int, int, int]] = []  # ts, unit, old, new, downtime
@@ -248,13 +249,14 @@ class Analyzer:
         return out
 
     def _keep(self, v: Verdict) -> None:
-        """Keep every verdict that says something; plain clean exits only up to a cap, so a
-        week of --all on a busy host stays bounded (the rest are counted)."""
-        if v.cause == APP_EXIT and v.exit_code == 0 and not v.main:
-            if self._clean_kept >= MAX_CLEAN_KEPT:
-                self.clean_not_kept += 1
-                return
-            self._clean_kept += 1
+        """Keep verdicts for the end-of-run table, bounded so that a week of --all on a busy
+        host stays small: clean exits up to MAX_CLEAN_KEPT, the rest up to MAX_KEPT; beyond,
+        they are only counted (every verdict is still returned by feed as it is reached)."""
+        clean = v.cause == APP_EXIT and v.exit_code == 0
+        if (clean and self._clean_kept >= MAX_CLEAN_KEPT) or len(self.verdicts) >= MAX_KEPT:
+            self.not_kept += 1
+            return
+        self._clean_kept += clean
         self.verdicts.append(v)
 
     # -- units and restarts -----------------------------------------------------------------
