@@ -45,11 +45,12 @@ struct wr_gpu_btf_anchor {
 };
 struct wr_gpu_btf_anchor wr_gpu_btf_anchor __attribute__((used));
 
-/* Allocation failures are rare and user space drains every 10 ms: 1 MiB holds ~10k records,
- * far more than a process failing in a retry loop sends in that time. */
+/* Allocation failures are rare and user space drains every 10 ms: 256 KiB holds ~2,600
+ * records, far more than a process failing in a retry loop sends in that time. The data area is
+ * mapped twice into the recorder, so each KiB here is two of its resident memory. */
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, 1024 * 1024);
+	__uint(max_entries, 256 * 1024);
 } gpu_events SEC(".maps");
 
 /* Watched processes by tgid, filled by user space from the main object's view. */

@@ -69,6 +69,7 @@ RECLAIM_DRAIN_NS = 1_000_000_000
 DEFAULT_STALL_THRESHOLD_NS = 10_000_000
 # After the command exits: time for the kernel log and the last records to arrive.
 GRACE_S = 0.2
+TRIM_S = 60.0  # how often freed heap is handed back to the kernel (selfguard.trim_heap)
 
 
 @dataclass
@@ -195,7 +196,10 @@ class Recorder:
         self._counts: Counter[str] = Counter()
         self.stop = _StopFlag()
         self.warnings: list[str] = []
-        self.analyzer = Analyzer(supervisor_pids=targets.supervisor_pids)
+        # (a live tail reads every verdict; otherwise only the kept ones are built)
+        self.analyzer = Analyzer(
+            supervisor_pids=targets.supervisor_pids, every_verdict=on_event is not None
+        )
         self._named: set[int] = {0}
         # pids seen in the watched set (dict: insertion order, trimmed oldest-first); exited ones
         # stay a while because their kernel-log OOM report can arrive after the exit
@@ -362,12 +366,14 @@ class Recorder:
         )
         reorder = Reorder()
         lost_seen = 0
+        selfguard.trim_heap()  # libbpf's parse of the kernel BTF is freed by now
         child: GatedChild | None = None
         prev_handlers = self._install_signal_handlers()
         started = time.monotonic()
         next_status = started
         grace_until: float | None = None
         next_flush = time.monotonic() + 1.0
+        next_trim = time.monotonic() + TRIM_S
         next_reclaim_ns = start_ns + RECLAIM_DRAIN_NS
         self._last_drain_ns = start_ns
         try:
@@ -403,6 +409,9 @@ class Recorder:
                     # a quiet recording still reaches the disk within a second (tail -f, crashes)
                     writer.flush()
                     next_flush = now + 1.0
+                if now >= next_trim:
+                    selfguard.trim_heap()
+                    next_trim = now + TRIM_S
                 if self.status and now >= next_status:
                     self.status(self._status_line(now - started, writer, lost_seen), False)
                     next_status = now + 0.5
@@ -560,18 +569,25 @@ class Recorder:
     def _track(
         self, events: Sequence[Event], samplers: SamplerSet, resolver: CgroupResolver
     ) -> None:
-        """Follow the watched set: which pids and cgroups the samplers read."""
+        """Follow the watched set: which pids and cgroups the samplers read.
+
+        Under --all, processes are not sampled one by one (every process forked on the host,
+        ten times a second, would cost more than the rest of the recorder, and verdicts do not
+        use them): the cgroups they run in are."""
+        every = self.targets.all
         for ev in events:
             if isinstance(ev, Exit):
                 # the exit event, not the pid's absence: a zombie nobody reaps still "exists"
                 self._pids_alive.discard(ev.pid)
                 samplers.unwatch_pid(ev.pid)
             elif isinstance(ev, Fork):
-                self._know(ev.child_pid)
-                samplers.watch_pid(ev.child_pid)
+                if not every:
+                    self._know(ev.child_pid)
+                    samplers.watch_pid(ev.child_pid)
             elif isinstance(ev, Exec):
-                self._know(ev.pid)
-                samplers.watch_pid(ev.pid)
+                if not every:
+                    self._know(ev.pid)
+                    samplers.watch_pid(ev.pid)
                 self._sample_cgroup(ev.cgroup_id, samplers, resolver)
             elif isinstance(ev, OomKill) and ev.limit_cgroup_id:
                 self._sample_cgroup(ev.limit_cgroup_id, samplers, resolver)

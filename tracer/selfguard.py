@@ -8,7 +8,11 @@ down, nor the one the OOM killer spares the workload for.
   or an event flood ends the recording with a MemoryError (and a trace footer) instead of
   growing without bound. The normal footprint is under 100 MB.
 
-Both are restored when the recording ends (tests record in-process), and written into the
+* ``trim_heap`` hands freed heap back to the kernel (glibc ``malloc_trim``): loading the BPF
+  object makes libbpf parse the kernel's whole BTF (about 11 MB here) and free it again, and
+  glibc keeps freed heap mapped unless asked; called after start-up and once a minute.
+
+Both limits are restored when the recording ends (tests record in-process), and written into the
 trace header. Both are inherited across fork, so the recorded command undoes them in its child
 before exec (`Guard.reset_in_child`): the workload must keep its own OOM score and limits.
 """
@@ -16,6 +20,7 @@ before exec (`Guard.reset_in_child`): the workload must keep its own OOM score a
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import resource
 from collections.abc import Iterator
 from typing import Any
@@ -71,3 +76,12 @@ def guarded(proc_root: str = "/proc") -> Iterator[Guard]:
         yield guard
     finally:
         guard.restore()
+
+
+def trim_heap() -> None:
+    """Return free heap pages to the kernel; a no-op where libc has no ``malloc_trim`` (musl)."""
+    try:
+        libc = ctypes.CDLL(None)
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):
+        pass

@@ -12,7 +12,6 @@ so that a failed load can show the verifier's reason.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import threading
 from collections.abc import Callable, Iterator
@@ -65,7 +64,9 @@ class _Lib:
             except OSError:
                 continue
         if path is None:
-            found = ctypes.util.find_library("bpf")
+            from ctypes.util import find_library  # (imports tempfile & co.: only when needed)
+
+            found = find_library("bpf")
             if found is None:
                 raise KernelUnsupported(
                     "libbpf is not installed (libbpf.so.1 not found)",

@@ -1,6 +1,6 @@
 """Docker, asked through the Docker Engine API on its unix socket (no SDK dependency).
 
-This module owns the Docker client: ``UnixHTTPConnection`` (``http.client`` over AF_UNIX),
+This module owns the Docker client: ``http.client`` over AF_UNIX,
 ``DockerRuntime`` (``GET /containers/{id}/json``, ``GET /_ping``) and
 ``info_from_docker_inspect`` (pure: one inspect object → ``ContainerInfo``).
 
@@ -19,14 +19,14 @@ cgroup path: it is read from the main pid's ``/proc/PID/cgroup`` while the conta
 from __future__ import annotations
 
 import dataclasses
-import http.client
+import functools
 import json
 import os
 import socket
 import stat
 import urllib.parse
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from tracer.runtimes.base import (
     ContainerInfo,
@@ -42,7 +42,10 @@ from tracer.runtimes.base import (
     restart_policy_text,
 )
 
-__all__ = ["DEFAULT_SOCKET", "DockerRuntime", "UnixHTTPConnection", "info_from_docker_inspect"]
+if TYPE_CHECKING:
+    import http.client
+
+__all__ = ["DEFAULT_SOCKET", "DockerRuntime", "info_from_docker_inspect"]
 
 DEFAULT_SOCKET = "/var/run/docker.sock"
 
@@ -50,26 +53,33 @@ DEFAULT_SOCKET = "/var/run/docker.sock"
 _MAX_BODY = 8 * 1024 * 1024
 
 
-class UnixHTTPConnection(http.client.HTTPConnection):
+@functools.cache
+def _connection_class() -> Callable[[str, float], http.client.HTTPConnection]:
     """``http.client.HTTPConnection`` whose transport is a unix-domain stream socket.
 
-    The host part of the URL is meaningless on a unix socket; dockerd ignores it, but HTTP/1.1
-    requires a Host header, so "localhost" is sent.
+    Built on first use: ``http.client`` pulls in ``ssl`` and ``email`` (about 5 MB of resident
+    memory), which a recorder that never talks to dockerd should not carry. The host part of
+    the URL is meaningless on a unix socket; dockerd ignores it, but HTTP/1.1 requires a Host
+    header, so "localhost" is sent.
     """
+    import http.client
 
-    def __init__(self, socket_path: str, timeout: float) -> None:
-        super().__init__("localhost", timeout=timeout)
-        self.socket_path = socket_path
+    class UnixHTTPConnection(http.client.HTTPConnection):
+        def __init__(self, socket_path: str, timeout: float) -> None:
+            super().__init__("localhost", timeout=timeout)
+            self.socket_path = socket_path
 
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.settimeout(self.timeout)
-            sock.connect(self.socket_path)
-        except BaseException:
-            sock.close()
-            raise
-        self.sock = sock
+        def connect(self) -> None:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.settimeout(self.timeout)
+                sock.connect(self.socket_path)
+            except BaseException:
+                sock.close()
+                raise
+            self.sock = sock
+
+    return UnixHTTPConnection
 
 
 def info_from_docker_inspect(
@@ -177,7 +187,9 @@ class DockerRuntime(Runtime):
         A fresh connection per request: lookups are rare (start-up, once per poll interval),
         and a kept-alive connection would need reconnect logic after every daemon restart.
         """
-        conn = UnixHTTPConnection(self.socket_path, timeout=self.timeout_s)
+        import http.client
+
+        conn = _connection_class()(self.socket_path, self.timeout_s)
         try:
             conn.request("GET", self.prefix + path, headers={"Accept": "application/json"})
             resp = conn.getresponse()

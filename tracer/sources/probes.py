@@ -22,7 +22,6 @@ itself: we know only that the answer took at least that long.
 from __future__ import annotations
 
 import collections
-import http.client
 import math
 import os
 import re
@@ -191,6 +190,8 @@ _Outcome = tuple[bool, bool, int | None, str]  # ok, timed_out, status, error
 
 def _http(spec: ProbeSpec, timeout_s: float, start_ns: int) -> _Outcome:
     deadline = start_ns + int(timeout_s * 1e9)
+    import http.client  # (with ssl and email, ~5 MB: only for a recording with http probes)
+
     conn = http.client.HTTPConnection(spec.host, spec.port, timeout=timeout_s)
 
     def shrink_timeout() -> None:
