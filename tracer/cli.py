@@ -37,10 +37,13 @@ def _friendly(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def analyzer_for(header: Any) -> Analyzer:
-    """The analyzer a replay needs: the same settings the recording had."""
+def analyzer_for(header: Any, every_verdict: bool = False) -> Analyzer:
+    """The analyzer a replay needs: the same settings the recording had. ``every_verdict``:
+    for a caller that reads what ``feed`` returns, not only the kept verdicts."""
     pids = header.targets.get("supervisor_pids", []) if isinstance(header.targets, dict) else []
-    return Analyzer(supervisor_pids=[p for p in pids if isinstance(p, int)])
+    return Analyzer(
+        supervisor_pids=[p for p in pids if isinstance(p, int)], every_verdict=every_verdict
+    )
 
 
 def _dumps(obj: Any) -> str:
@@ -390,7 +393,7 @@ def replay(trace: str, as_json: bool, verdicts_only: bool, as_tail: bool) -> Non
     reader = TraceReader(trace)
     header = reader.header
     clock = Clock(header.started_ns, header.clock_offset_ns)
-    analyzer = analyzer_for(header)
+    analyzer = analyzer_for(header, every_verdict=as_tail)
     events: list[Event] = []
 
     def fed() -> Any:
@@ -481,7 +484,9 @@ def explain(trace: str, as_json: bool, pids: tuple[int, ...], units: tuple[str, 
     reader = TraceReader(trace)
     clock = Clock(reader.header.started_ns, reader.header.clock_offset_ns)
     analyzer = analyzer_for(reader.header)
-    analyzer.feed_all(reader)
+    for ev in reader:
+        analyzer.feed(ev)
+    analyzer.finish()
     verdicts = [
         v
         for v in analyzer.verdicts

@@ -13,6 +13,7 @@ one tested function each (``decode_wait_status``), never half in C and half in P
 from __future__ import annotations
 
 import dataclasses
+import functools
 import signal as _signal
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ class WaitStatus:
     core_dumped: bool
 
 
+@functools.lru_cache(maxsize=4096)  # a handful of distinct statuses, a million exits
 def decode_wait_status(status: int) -> WaitStatus:
     """Decode the kernel's wait status (``task->exit_code``, the value ``wait(2)`` reports).
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import bisect
 from collections import OrderedDict, deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from tracer.analysis.gpu import GpuStore
 from tracer.events import (
@@ -27,7 +27,6 @@ from tracer.events import (
     KmsgOom,
     OomKill,
     ProbeSample,
-    ProcessSample,
     ReclaimStall,
     ReclaimSummary,
     RuntimeSample,
@@ -39,9 +38,12 @@ HISTORY_NS = 60 * 1_000_000_000
 MAX_PIDS = 8192
 MAX_CGROUPS = 1024
 MAX_SAMPLES_PER_CGROUP = 1200  # 60 s at the fast 50 ms interval
+# Cgroup samples are kept this much longer than the history window: an OOM kill's window starts
+# a minute before the kill, which precedes the exit being judged.
+SAMPLE_MARGIN_NS = 10 * 1_000_000_000
 
 
-@dataclass
+@dataclass(slots=True)
 class Proc:
     pid: int
     comm: str = ""
@@ -57,7 +59,6 @@ class PidEvidence:
     kmsg: list[KmsgOom] = field(default_factory=list)
     signals: list[Signal] = field(default_factory=list)  # fatal signals *to* this pid
     stalls: list[ReclaimStall] = field(default_factory=list)
-    samples: deque[ProcessSample] = field(default_factory=lambda: deque(maxlen=64))
 
 
 @dataclass
@@ -93,6 +94,7 @@ class Evidence:
         self.runtime: dict[str, list[RuntimeSample]] = {}  # unit label -> samples
         self.gpu = GpuStore()  # GPU events: tracer/analysis/gpu.py
         self.evicted = 0
+        self._keep = self._dispatch()
 
     # -- bounded maps -----------------------------------------------------------------------
 
@@ -125,61 +127,72 @@ class Evidence:
     # -- intake -----------------------------------------------------------------------------
 
     def add(self, ev: Event) -> None:
-        if self.gpu.add(ev):
-            return
-        if isinstance(ev, CgroupInfo):
-            self.cgroups[ev.cgroup_id] = ev
-            self.ids_by_path[ev.path] = ev.cgroup_id
-        elif isinstance(ev, OomKill):
-            self.pid(ev.victim_pid).ooms.append(ev)
-        elif isinstance(ev, KmsgOom):
-            self.pid(ev.victim_pid).kmsg.append(ev)
-        elif isinstance(ev, Signal):
-            self.pid(ev.target_pid).signals.append(ev)
-        elif isinstance(ev, ReclaimStall):
-            self.pid(ev.pid).stalls.append(ev)
-        elif isinstance(ev, ReclaimSummary):
-            self.cgroup(ev.cgroup_id).summaries.append(ev)
-        elif isinstance(ev, CgroupSample):
-            cg = self.cgroup(ev.cgroup_id)
-            if cg.sample_ts and ev.ts < cg.sample_ts[-1]:  # late: keep the list sorted
-                i = bisect.bisect_right(cg.sample_ts, ev.ts)
-                cg.samples.insert(i, ev)
-                cg.sample_ts.insert(i, ev.ts)
-            else:
-                cg.samples.append(ev)
-                cg.sample_ts.append(ev.ts)
-            if len(cg.samples) > 2 * MAX_SAMPLES_PER_CGROUP:
-                del cg.samples[:MAX_SAMPLES_PER_CGROUP]
-                del cg.sample_ts[:MAX_SAMPLES_PER_CGROUP]
-        elif isinstance(ev, EffectiveLimit):
-            self.cgroup(ev.cgroup_id).limit = ev
-        elif isinstance(ev, HostSample):
-            self.host.append(ev)
-        elif isinstance(ev, UnitInfo):
-            self.units[ev.cgroup_id] = ev
-        elif isinstance(ev, ProbeSample):
-            self.probes.append(ev)
-        elif isinstance(ev, RuntimeSample):
-            self.runtime.setdefault(ev.unit, []).append(ev)
-        elif isinstance(ev, ProcessSample):
-            self.pid(ev.pid).samples.append(ev)
-        elif isinstance(ev, Fork):
-            parent = self.proc(ev.parent_pid)
-            if not parent.comm:
-                parent.comm, parent.cgroup_id = ev.comm, ev.cgroup_id
-            child = self.proc(ev.child_pid)
-            child.ppid, child.comm, child.cgroup_id = ev.parent_pid, ev.comm, ev.cgroup_id
-            child.start_ts = ev.ts
-        elif isinstance(ev, Exec):
-            p = self.proc(ev.pid)
-            p.comm, p.cgroup_id, p.filename = ev.comm, ev.cgroup_id, ev.filename
-            if not p.start_ts:
-                p.start_ts = ev.ts
-        elif isinstance(ev, Exit):
-            p = self.proc(ev.pid)
-            p.comm, p.ppid, p.cgroup_id = ev.comm, ev.ppid, ev.cgroup_id
-            p.start_ts = p.start_ts or ev.start_ns
+        # one dict lookup on the event's type: the hot kinds (fork, exec, exit) come last in
+        # any isinstance chain, and a replay feeds a million of them
+        keep = self._keep.get(type(ev))
+        if keep is not None:
+            keep(ev)
+
+    def _dispatch(self) -> dict[type[Event], Callable[[Any], object]]:
+        table: dict[type[Event], Callable[[Any], object]] = {
+            CgroupInfo: self._cgroup_info,
+            OomKill: lambda e: self.pid(e.victim_pid).ooms.append(e),
+            KmsgOom: lambda e: self.pid(e.victim_pid).kmsg.append(e),
+            Signal: lambda e: self.pid(e.target_pid).signals.append(e),
+            ReclaimStall: lambda e: self.pid(e.pid).stalls.append(e),
+            ReclaimSummary: lambda e: self.cgroup(e.cgroup_id).summaries.append(e),
+            CgroupSample: self._cgroup_sample,
+            EffectiveLimit: self._effective_limit,
+            HostSample: self.host.append,
+            UnitInfo: lambda e: self.units.__setitem__(e.cgroup_id, e),
+            ProbeSample: self.probes.append,
+            RuntimeSample: lambda e: self.runtime.setdefault(e.unit, []).append(e),
+            Fork: self._fork,
+            Exec: self._exec,
+            Exit: self._exit,
+        }
+        for kind in GpuStore.KINDS:
+            table[kind] = self.gpu.add
+        return table
+
+    def _cgroup_info(self, ev: CgroupInfo) -> None:
+        self.cgroups[ev.cgroup_id] = ev
+        self.ids_by_path[ev.path] = ev.cgroup_id
+
+    def _cgroup_sample(self, ev: CgroupSample) -> None:
+        cg = self.cgroup(ev.cgroup_id)
+        if cg.sample_ts and ev.ts < cg.sample_ts[-1]:  # late: keep the list sorted
+            i = bisect.bisect_right(cg.sample_ts, ev.ts)
+            cg.samples.insert(i, ev)
+            cg.sample_ts.insert(i, ev.ts)
+        else:
+            cg.samples.append(ev)
+            cg.sample_ts.append(ev.ts)
+        if len(cg.samples) > 2 * MAX_SAMPLES_PER_CGROUP:
+            del cg.samples[:MAX_SAMPLES_PER_CGROUP]
+            del cg.sample_ts[:MAX_SAMPLES_PER_CGROUP]
+
+    def _effective_limit(self, ev: EffectiveLimit) -> None:
+        self.cgroup(ev.cgroup_id).limit = ev
+
+    def _fork(self, ev: Fork) -> None:
+        parent = self.proc(ev.parent_pid)
+        if not parent.comm:
+            parent.comm, parent.cgroup_id = ev.comm, ev.cgroup_id
+        child = self.proc(ev.child_pid)
+        child.ppid, child.comm, child.cgroup_id = ev.parent_pid, ev.comm, ev.cgroup_id
+        child.start_ts = ev.ts
+
+    def _exec(self, ev: Exec) -> None:
+        p = self.proc(ev.pid)
+        p.comm, p.cgroup_id, p.filename = ev.comm, ev.cgroup_id, ev.filename
+        if not p.start_ts:
+            p.start_ts = ev.ts
+
+    def _exit(self, ev: Exit) -> None:
+        p = self.proc(ev.pid)
+        p.comm, p.ppid, p.cgroup_id = ev.comm, ev.ppid, ev.cgroup_id
+        p.start_ts = p.start_ts or ev.start_ns
 
     def forget_pid(self, pid: int, until: int) -> None:
         """Drop a pid's evidence up to ``until`` (its exit): what came later belongs to the
@@ -196,9 +209,15 @@ class Evidence:
             del self.by_pid[pid]
 
     def prune(self, now: int) -> None:
-        """Drop per-pid evidence older than the history window."""
+        """Drop per-pid evidence and cgroup samples older than the history window (exits not
+        yet judged are all later than ``now``: nothing they look at is dropped)."""
         horizon = now - HISTORY_NS
         self.gpu.prune(horizon)
+        for cg in self.by_cgroup.values():
+            old = bisect.bisect_left(cg.sample_ts, horizon - SAMPLE_MARGIN_NS)
+            if old:
+                del cg.samples[:old]
+                del cg.sample_ts[:old]
         for ev in self.by_pid.values():
             ev.ooms = _since(ev.ooms, horizon)
             ev.kmsg = _since(ev.kmsg, horizon)

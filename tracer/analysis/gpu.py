@@ -95,6 +95,17 @@ class GpuStore:
             p.user_since = ts
         return p
 
+    # the event types ``add`` keeps (Evidence dispatches on them)
+    KINDS: tuple[type[Event], ...] = (
+        GpuAllocFailure,
+        GpuOomRecovered,
+        GpuLibrary,
+        GpuProcessSample,
+        GpuXid,
+        GpuLost,
+        GpuSample,
+    )
+
     def add(self, ev: Event) -> bool:
         """Keep a GPU event; False for any other event."""
         if isinstance(ev, GpuAllocFailure):

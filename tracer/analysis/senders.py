@@ -84,8 +84,8 @@ def is_process_supervisor(comm: str) -> bool:
 
 # Container runtimes' own setup processes inside a container's cgroup ("runc init" renames
 # itself runc:[0:PARENT], runc:[1:CHILD], runc:[2:INIT] before it execs the entrypoint).
-_PLUMBING = ("runc:[", "runc", "crun", "conmon", "youki", "runsc")
+PLUMBING = ("runc:[", "runc", "crun", "conmon", "youki", "runsc")
 
 
 def is_runtime_plumbing(comm: str) -> bool:
-    return comm.startswith(_PLUMBING)
+    return comm.startswith(PLUMBING)

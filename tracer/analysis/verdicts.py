@@ -22,16 +22,18 @@ from __future__ import annotations
 
 import signal as _signal
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from tracer.analysis import gpu as gpu_rules
 from tracer.analysis import senders, units
 from tracer.analysis.evidence import HISTORY_NS, Evidence, PidEvidence, Proc
+from tracer.analysis.senders import PLUMBING
 from tracer.analysis.units import UnitName, unit_of_cgroup
 from tracer.events import (
     SI_KERNEL,
+    CgroupInfo,
     CgroupSample,
     Event,
     Exec,
@@ -56,6 +58,9 @@ APP_EXIT = "app_exit"
 UNKNOWN = "unknown"
 
 HIGH, MEDIUM, LOW = "high", "medium", "low"
+
+# "not cached yet" (compared by identity), where None is a cached answer
+_UNSET: Final[UnitName] = UnitName("", "", "")
 
 SECOND = 1_000_000_000
 MAX_CLEAN_KEPT = 2000
@@ -146,7 +151,12 @@ class Restart:
 class Analyzer:
     """Feed events in time order with ``feed``; call ``finish`` at the end of the stream."""
 
-    def __init__(self, supervisor_pids: Iterable[int] = ()) -> None:
+    def __init__(self, supervisor_pids: Iterable[int] = (), every_verdict: bool = True) -> None:
+        """``every_verdict``: ``feed`` returns every verdict it reaches (a live tail needs them).
+        Without it, only the kept ones are built: past the caps of ``_keep`` a plain exit is
+        counted in ``not_kept`` without building a verdict that nobody would read (a replay of
+        a busy host's --all trace is mostly that)."""
+        self.every_verdict = every_verdict
         self.ev = Evidence()
         self.supervisor_pids = frozenset(supervisor_pids)
         self.verdicts: list[Verdict] = []
@@ -161,7 +171,15 @@ class Analyzer:
         self._cause: dict[int, str] = {}  # pid -> cause of its last verdict
         self._checks: set[int] = set()  # pids of exec health checks (ProbeSample.pid)
         self._first: dict[int, int] = {}  # container cgroup id -> its main process
+        self._cgroup_units: dict[int, UnitName | None] = {}  # cgroup id -> unit_of_cgroup
         self._now = 0
+        self._on: dict[type[Event], Callable[[Any], None]] = {
+            Exec: self._on_exec,
+            Exit: self._on_exit,
+            UnitInfo: self._on_unit_info,
+            ProbeSample: self._on_probe,
+            CgroupInfo: self._on_cgroup_info,
+        }
 
     @property
     def restarts(self) -> list[Restart]:
@@ -188,31 +206,55 @@ class Analyzer:
     # -- intake -----------------------------------------------------------------------------
 
     def feed(self, ev: Event) -> list[Verdict]:
-        self._now = max(self._now, ev.ts)
+        if ev.ts > self._now:
+            self._now = ev.ts
         self.ev.add(ev)
-        if isinstance(ev, Exec) and not senders.is_runtime_plumbing(ev.comm):
+        on = self._on.get(type(ev))
+        if on is not None:
+            on(ev)
+        horizon = self._now - SETTLE_NS
+        pending = self._pending
+        # exits arrive in time order: only the oldest can be due (O(1) when none is)
+        if pending and pending[0].ts <= horizon:
+            return self._judge_due(horizon)
+        if horizon - self._pruned >= SECOND:
+            self.ev.prune(horizon)
+            self._pruned = horizon
+        return []
+
+    def _on_exec(self, ev: Exec) -> None:
+        if not ev.comm.startswith(PLUMBING):  # (senders.is_runtime_plumbing, inlined: hot)
             # a process starts being what it is (and which unit it belongs to) at exec
             self._units.pop(ev.pid, None)
             self._first.setdefault(ev.cgroup_id, ev.pid)
             self._note_start(ev.pid, ev.ts)
-        if isinstance(ev, UnitInfo) and ev.main_pid:
+
+    def _on_unit_info(self, ev: UnitInfo) -> None:
+        self._cgroup_units.pop(ev.cgroup_id, None)
+        if ev.main_pid:
             self._first.setdefault(ev.cgroup_id, ev.main_pid)
-        if isinstance(ev, ProbeSample) and ev.pid:
+
+    def _on_probe(self, ev: ProbeSample) -> None:
+        if ev.pid:
             self._checks.add(ev.pid)
-        if isinstance(ev, Exit) and not (senders.is_runtime_plumbing(ev.comm) and ev.status == 0):
-            # (a container runtime's own setup processes ending normally are not judged)
-            self._pending.append(ev)
-            proc = self.ev.proc(ev.pid)
-            unit = self._unit(ev.pid, proc)
-            # (whether it was its unit's main process is decided now, before a successor runs)
-            main = self._is_main(ev.pid, proc, unit)
-            self._exit_main[ev.pid] = main
-            # (a command tree is not restarted by anyone: no need to remember its end)
-            if unit is not None and unit.kind != "command" and main:
-                self._ended[unit.key] = (ev.pid, ev.ts)
-                if self._first.get(proc.cgroup_id) == ev.pid:
-                    del self._first[proc.cgroup_id]  # the next program there is the new main
-        return self._judge_due(self._now - SETTLE_NS)
+
+    def _on_cgroup_info(self, ev: CgroupInfo) -> None:
+        self._cgroup_units.pop(ev.cgroup_id, None)  # (a path learnt or changed)
+
+    def _on_exit(self, ev: Exit) -> None:
+        if ev.status == 0 and ev.comm.startswith(PLUMBING):
+            return  # a container runtime's own setup processes ending normally are not judged
+        self._pending.append(ev)
+        proc = self.ev.procs[ev.pid]  # (Evidence has just recorded it)
+        unit = self._unit(ev.pid, proc)
+        # (whether it was its unit's main process is decided now, before a successor runs)
+        main = self._is_main(ev.pid, proc, unit)
+        self._exit_main[ev.pid] = main
+        # (a command tree is not restarted by anyone: no need to remember its end)
+        if unit is not None and unit.kind != "command" and main:
+            self._ended[unit.key] = (ev.pid, ev.ts)
+            if self._first.get(proc.cgroup_id) == ev.pid:
+                del self._first[proc.cgroup_id]  # the next program there is the new main
 
     def finish(self) -> list[Verdict]:
         return self._judge_due(None)
@@ -224,23 +266,23 @@ class Analyzer:
         return out + self.finish()
 
     def _judge_due(self, horizon: int | None) -> list[Verdict]:
-        # Exits arrive in time order: only the oldest can be due (O(1) when none is).
         pending = self._pending
-        if not pending or (horizon is not None and pending[0].ts > horizon):
-            return []
-        due = []
+        due = [pending.popleft()] if pending else []
         while pending and (horizon is None or pending[0].ts <= horizon):
             due.append(pending.popleft())
-        out = []
-        for ex in sorted(due, key=lambda e: (e.ts, e.pid)):
+        if len(due) > 1:
+            due.sort(key=lambda e: (e.ts, e.pid))
+        out: list[Verdict] = []
+        for ex in due:
             if ex.pid in self._checks:
                 # a runtime's exec health check: a probe sample already, not a unit's process
                 self._checks.discard(ex.pid)
                 self._exit_main.pop(ex.pid, None)
                 continue
             v = self._judge(ex)
-            self._keep(v)
-            out.append(v)
+            if v is not None:
+                self._keep(v)
+                out.append(v)
             self.ev.forget_pid(ex.pid, ex.ts)
             self._units.pop(ex.pid, None)
         if horizon is not None and horizon - self._pruned >= SECOND:
@@ -264,14 +306,17 @@ class Analyzer:
     def _unit(self, pid: int, proc: Proc, depth: int = 0) -> UnitName | None:
         """A container or systemd unit by cgroup; else a program under a process supervisor;
         else whatever its parent belongs to; at the top, the recorded command itself."""
-        if pid in self._units:
-            return self._units[pid]
-        info = self.ev.units.get(proc.cgroup_id)
-        unit = (
-            units.from_info(info.kind, info.unit_id, info.name, info.pod)
-            if info
-            else unit_of_cgroup(self.ev.path(proc.cgroup_id))
-        )
+        known = self._units.get(pid, _UNSET)
+        if known is not _UNSET:
+            return known
+        unit = self._cgroup_units.get(proc.cgroup_id, _UNSET)
+        if unit is _UNSET:
+            info = self.ev.units.get(proc.cgroup_id)
+            unit = self._cgroup_units[proc.cgroup_id] = (
+                units.from_info(info.kind, info.unit_id, info.name, info.pod)
+                if info
+                else unit_of_cgroup(self.ev.path(proc.cgroup_id))
+            )
         if unit is None or unit.kind == "cgroup":
             parent = self.ev.procs.get(proc.ppid)
             if parent is not None and proc.filename and senders.is_process_supervisor(parent.comm):
@@ -291,22 +336,23 @@ class Analyzer:
             # a container's main process is the first program started in its cgroup; later
             # ones came in through `exec` (health checks, debugging shells)
             return self._first[proc.cgroup_id] == pid
-        parent = self.ev.procs.get(proc.ppid)
-        seen = {pid}
-        # look through the runtime's setup processes to whoever started the container
-        while (
-            parent is not None
-            and senders.is_runtime_plumbing(parent.comm)
-            and (parent.pid not in seen)
-        ):
-            seen.add(parent.pid)
-            parent = self.ev.procs.get(parent.ppid)
+        procs = self.ev.procs
+        parent = procs.get(proc.ppid)
+        if parent is not None and parent.comm.startswith(PLUMBING):
+            # look through the runtime's setup processes to whoever started the container
+            seen = {pid}
+            while (
+                parent is not None and parent.comm.startswith(PLUMBING) and (parent.pid not in seen)
+            ):
+                seen.add(parent.pid)
+                parent = procs.get(parent.ppid)
         if parent is None:
             return True
-        return self._unit(parent.pid, parent) != unit
+        theirs = self._unit(parent.pid, parent)
+        return theirs is not unit and theirs != unit
 
     def _note_start(self, pid: int, ts: int) -> None:
-        proc = self.ev.proc(pid)
+        proc = self.ev.procs[pid]  # (Evidence has just recorded its exec)
         unit = self._unit(pid, proc)
         if unit is None or not self._is_main(pid, proc, unit):
             return
@@ -317,11 +363,28 @@ class Analyzer:
 
     # -- judging ----------------------------------------------------------------------------
 
-    def _judge(self, ex: Exit) -> Verdict:
+    def _judge(self, ex: Exit) -> Verdict | None:
+        """The verdict on one exit; None when it would not be kept and nobody asked for every
+        verdict (``every_verdict``): then it is only counted."""
         proc = self.ev.proc(ex.pid)
         unit = self._unit(ex.pid, proc)
         main = self._exit_main.pop(ex.pid, True)
-        pe = self.ev.by_pid.get(ex.pid) or PidEvidence()
+        restartable = main and unit is not None and unit.kind != "command"
+        found = self.ev.by_pid.get(ex.pid)
+        if found is None and ex.status == 0 and not self._gpu_seen():
+            # the common case by far: exited with 0, nothing else known about the process
+            if restartable:
+                self._cause[ex.pid] = APP_EXIT  # a restart may name it
+            if not self.every_verdict and (
+                self._clean_kept >= MAX_CLEAN_KEPT or len(self.verdicts) >= MAX_KEPT
+            ):
+                self.not_kept += 1
+                return None
+            return _clean_exit(ex, unit.label if unit else None, main)
+        if not (self.every_verdict or restartable) and len(self.verdicts) >= MAX_KEPT:
+            self.not_kept += 1  # (nothing is kept any more, and no restart will name it)
+            return None
+        pe = found or PidEvidence()
         since = max(ex.start_ns, ex.ts - HISTORY_NS)
         end = ex.ts + SETTLE_NS
         ooms = [o for o in pe.ooms if since <= o.ts <= end]
@@ -340,19 +403,22 @@ class Analyzer:
             )
         else:
             v = self._app_exit(ex, pe, bool(ooms or kmsg), exit_ev)
-        if main and unit is not None and unit.kind != "command":
+        if restartable:
             self._cause[ex.pid] = v.cause  # a restart may name it
         return _replace(v, unit=unit.label if unit else None, main=main)
+
+    def _gpu_seen(self) -> bool:
+        store = self.ev.gpu
+        return bool(store.by_pid or store.xids or store.lost)
 
     def _gpu_verdict(
         self, ex: Exit, since: int, signals: list[Signal], exit_ev: Evidence_
     ) -> Verdict | None:
         """gpu_oom, device_reset, or an app_exit that GPU evidence explains (a recovered GPU
         OOM, an Xid 31/43 fault): the rules are in tracer/analysis/gpu.py."""
-        store = self.ev.gpu
-        if not (store.by_pid or store.xids or store.lost):
+        if not self._gpu_seen():
             return None  # no GPU evidence in this recording at all (the common case: cheap)
-        f = gpu_rules.facts(store, ex, since)
+        f = gpu_rules.facts(self.ev.gpu, ex, since)
         if not (f.user or f.device_down):
             return None
         ws = ex.wait
@@ -912,6 +978,25 @@ def _replace(v: Verdict, **changes: Any) -> Verdict:
     for name, value in changes.items():
         object.__setattr__(v, name, value)
     return v
+
+
+def _clean_exit(ex: Exit, unit: str | None, main: bool) -> Verdict:
+    """``_app_exit``'s verdict on an exit with code 0 and no other evidence, without the
+    detours of the general path."""
+    values: dict[str, Any] = {
+        "ts": ex.ts,
+        "pid": ex.pid,
+        "comm": ex.comm,
+        "cause": APP_EXIT,
+        "confidence": HIGH,
+        "summary": "exited on its own with code 0",
+        "advice": "",
+        "evidence": ((ex.ts, f"pid {ex.pid} ({ex.comm}) exited with code 0"),),
+        "unit": unit,
+        "main": main,
+        "exit_code": 0,
+    }
+    return Verdict(**values)
 
 
 def describe_status(ex: Exit) -> str:

@@ -284,7 +284,7 @@ def build(header: TraceHeader, events: Iterable[Event]) -> Timeline:
 class _Builder:
     def __init__(self, header: TraceHeader) -> None:
         self.header = header
-        self.analyzer = Analyzer()
+        self.analyzer = Analyzer(every_verdict=False)
         self.counts: Counter[str] = Counter()
         self.end_ns = header.started_ns
         self.cgroups: dict[int, CgroupSeries] = {}
