@@ -390,6 +390,60 @@ def test_state_is_bounded() -> None:
     assert a.ev.evicted == 10
 
 
+def _busy_stream(n: int) -> list[Event]:
+    """A unit whose main process restarts now and then among many short-lived children that
+    exit 0, 1 or by a signal: past every keep cap."""
+    rng = random.Random(7)
+    events: list[Event] = [cgroup(50, "/system.slice/model.service", 64 * MiB)]
+    main, at = 100, 0.0
+    events.append(execd(at, main, 50, "model"))
+    for i in range(n):
+        at += 0.001
+        child = 1000 + i
+        events.append(forked(at, main, child, 50, "worker"))
+        roll = rng.random()
+        if roll < 0.05:
+            events.append(sent(at + 0.0004, main, child, signal.SIGTERM))
+            events.append(killed(at + 0.0005, child, signal.SIGTERM, cg=50, ppid=main))
+        else:
+            code = 1 if roll < 0.12 else 0
+            events.append(exit_code(at + 0.0005, child, code, cg=50, ppid=main))
+        if i % 2500 == 2499:  # the main process dies and the unit starts a new one
+            events.append(exit_code(at + 0.0006, main, 3 * (i // 2500 % 2), cg=50))
+            main = 90_000 + i
+            events.append(execd(at + 0.0008, main, 50, "model"))
+    return events
+
+
+def test_unread_verdicts_are_counted_not_built_with_the_same_outcome() -> None:
+    from tracer.analysis import verdicts as vmod
+
+    events = _busy_stream(vmod.MAX_KEPT + vmod.MAX_CLEAN_KEPT + 2000)
+    every, lean = Analyzer(every_verdict=True), Analyzer(every_verdict=False)
+    returned = every.feed_all(events)
+    for ev in events:
+        lean.feed(ev)
+    lean.finish()
+    assert len(returned) == len(every.verdicts) + every.not_kept  # every one was handed out
+    assert lean.verdicts == every.verdicts  # the kept ones are the same, in the same order
+    assert lean.not_kept == every.not_kept > 0
+    assert lean.restarts == every.restarts and len(lean.restarts) >= 3
+    assert {r.cause for r in lean.restarts} == {"app_exit"}
+
+
+def test_old_cgroup_samples_are_dropped_as_the_stream_moves_on() -> None:
+    from tracer.analysis import evidence
+
+    a = Analyzer()
+    a.feed(cgroup(50, "/demo", 64 * MiB))
+    for i in range(3000):  # 300 s at 100 ms
+        a.feed(sample(i * 0.1, 50, "/demo", usage=MiB))
+    kept = a.ev.by_cgroup[50].sample_ts
+    window = (evidence.HISTORY_NS + evidence.SAMPLE_MARGIN_NS) / 1e9
+    assert len(kept) <= window * 10 + 20  # about the window's worth, not the count cap
+    assert kept == sorted(kept) and kept[-1] == t(299.9)
+
+
 # -- containers, supervisors, probes -------------------------------------------------------
 
 
