@@ -81,9 +81,20 @@ class Event:
     def to_record(self) -> dict[str, Any]:
         """The trace-file form: ``{"t": KIND, field: value, ...}`` (JSON-safe values only)."""
         rec: dict[str, Any] = {"t": self.KIND}
-        for f in dataclasses.fields(self):
-            rec[f.name] = getattr(self, f.name)
+        for name in _field_names(type(self)):
+            rec[name] = getattr(self, name)
         return rec
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _field_names(cls: type[Event]) -> tuple[str, ...]:
+    # (dataclasses.fields builds its answer on every call: a third of writing a record)
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return names
 
 
 @dataclass(frozen=True, slots=True)
