@@ -171,6 +171,31 @@ def test_pid_target_stops_when_it_exits(tmp_path: Path) -> None:
     assert proc.pid in {v.pid for v in res.verdicts}
 
 
+def test_all_records_every_process_and_samples_cgroups_not_each_pid(tmp_path: Path) -> None:
+    import threading
+    import time
+
+    from tracer.events import CgroupSample, HostSample, ProcessSample
+
+    rec = Recorder(str(tmp_path / "all.trace"), Targets(all=True), duration=4)
+    results: list[RecordResult] = []
+    thread = threading.Thread(target=lambda: results.append(rec.run()))
+    thread.start()
+    time.sleep(1.5)  # attached well before this (start-up is about 0.5 s)
+    proc = subprocess.run(["sh", "-c", "sleep 0.3; exit 17"])
+    thread.join(30)
+    assert proc.returncode == 17 and results, "the recording did not end"
+    [mine] = [v for v in results[0].verdicts if v.exit_code == 17 and v.comm == "sh"]
+    assert mine.cause == "app_exit"
+    events = events_of(str(tmp_path / "all.trace"))
+    assert any(isinstance(e, HostSample) for e in events)
+    assert any(isinstance(e, CgroupSample) for e in events)  # the cgroups programs ran in
+    # every forked process sampled ten times a second would cost more than the rest: not under
+    # --all (verdicts do not use per-process samples)
+    assert not [e for e in events if isinstance(e, ProcessSample)]
+    assert [e for e in events if isinstance(e, Exit) and e.pid == mine.pid]
+
+
 def test_live_equals_replay(tmp_path: Path, parent_cgroup: str) -> None:
     """The verdicts `record` prints equal those of replaying its file, byte for byte."""
     trace = str(tmp_path / "live.trace")
