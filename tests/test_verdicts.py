@@ -431,6 +431,20 @@ def test_unread_verdicts_are_counted_not_built_with_the_same_outcome() -> None:
     assert {r.cause for r in lean.restarts} == {"app_exit"}
 
 
+def test_a_signal_storm_at_one_process_keeps_its_newest_signals_only() -> None:
+    from tracer.analysis import evidence
+
+    a = Analyzer()
+    for i in range(10_000):
+        a.feed(sent(1.0 + i * 1e-6, 1, 500, signal.SIGUSR1))
+    a.feed(sent(1.5, 77, 500, signal.SIGTERM, comm="supervisor"))
+    kept = a.ev.by_pid[500].signals
+    assert len(kept) <= 2 * evidence.MAX_SIGNALS_PER_PID
+    assert a.ev.evicted >= 10_000 - 2 * evidence.MAX_SIGNALS_PER_PID
+    [v] = a.feed_all([killed(1.6, 500, signal.SIGTERM)])
+    assert (v.cause, v.sender_pid, v.sender_comm) == ("signal_kill", 77, "supervisor")
+
+
 def test_old_cgroup_samples_are_dropped_as_the_stream_moves_on() -> None:
     from tracer.analysis import evidence
 

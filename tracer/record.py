@@ -69,6 +69,7 @@ RECLAIM_DRAIN_NS = 1_000_000_000
 DEFAULT_STALL_THRESHOLD_NS = 10_000_000
 # After the command exits: time for the kernel log and the last records to arrive.
 GRACE_S = 0.2
+FINAL_DRAIN_S = 2.0
 TRIM_S = 60.0  # how often freed heap is handed back to the kernel (selfguard.trim_heap)
 
 
@@ -381,28 +382,37 @@ class Recorder:
                 child = self._start_command(probe)
                 samplers.watch_pid(child.pid)
                 gpu.watch([child.pid])
+            behind = False
             while True:
-                events = decoder.decode_batch(rb.drain(POLL_MS))
-                if kmsg is not None:
-                    for rec in kmsg.read_available():
-                        rec_ts = record_ts_ns(rec, kmsg_offset)
-                        events.extend(k for k in assembler.feed(rec, rec_ts) if self._wants_kmsg(k))
-                        events.extend(gpu.from_kmsg(rec, rec_ts))
+                events = decoder.decode_batch(rb.drain(0 if behind else POLL_MS))
+                # A full batch: the ring holds more, older than anything stamped "now". Until
+                # it is caught up, only ring records flow (the kernel log, samples and counters
+                # wait; they would overtake the backlog and break the trace's time order).
+                behind = rb.full
                 now_ns = boottime_ns()
-                events.extend(gpu.poll(now_ns))
-                if now_ns >= next_reclaim_ns:
-                    events.extend(self._reclaim_summaries(probe, now_ns))
-                    next_reclaim_ns = now_ns + RECLAIM_DRAIN_NS
-                lost = probe.lost_count()
-                if lost > lost_seen:
-                    events.append(Lost(ts=now_ns, count=lost - lost_seen))
-                    lost_seen = lost
+                if not behind:
+                    if kmsg is not None:
+                        for rec in kmsg.read_available():
+                            rec_ts = record_ts_ns(rec, kmsg_offset)
+                            events.extend(
+                                k for k in assembler.feed(rec, rec_ts) if self._wants_kmsg(k)
+                            )
+                            events.extend(gpu.from_kmsg(rec, rec_ts))
+                    events.extend(gpu.poll(now_ns))
+                    if now_ns >= next_reclaim_ns:
+                        events.extend(self._reclaim_summaries(probe, now_ns))
+                        next_reclaim_ns = now_ns + RECLAIM_DRAIN_NS
+                    lost = probe.lost_count()
+                    if lost > lost_seen:
+                        events.append(Lost(ts=now_ns, count=lost - lost_seen))
+                        lost_seen = lost
                 self._track(events, samplers, resolver)
                 gpu.track(events)
-                events.extend(self._follow(events, probe, samplers, resolver))
-                events.extend(samplers.due(now_ns))
+                events.extend(self._follow(events, probe, samplers, resolver, poll=not behind))
+                if not behind:
+                    events.extend(samplers.due(now_ns))
                 reorder.push(self._name_cgroups(events, resolver))
-                self._emit(reorder.pop_ready(now_ns), writer)
+                self._emit(reorder.pop_ready(None if behind else now_ns), writer)
 
                 now = time.monotonic()
                 if writer is not None and now >= next_flush:
@@ -422,8 +432,16 @@ class Recorder:
                         grace_until = now + GRACE_S
                 elif now >= grace_until:
                     break
-            # final drain: whatever is still in flight
-            events = decoder.decode_batch(rb.drain(0))
+            # final drain: whatever is still in flight (a flood that goes on is cut after
+            # FINAL_DRAIN_S; what it leaves in the ring is not in the trace, and not lost)
+            drain_until = time.monotonic() + FINAL_DRAIN_S
+            while True:
+                events = decoder.decode_batch(rb.drain(0))
+                if not rb.full or time.monotonic() >= drain_until:
+                    break
+                self._track(events, samplers, resolver)
+                reorder.push(self._name_cgroups(events, resolver))
+                self._emit(reorder.pop_ready(None), writer)
             events.extend(gpu.poll(boottime_ns(), final=True))
             self._track(events, samplers, resolver)
             events.extend(self._reclaim_summaries(probe, boottime_ns()))
@@ -598,12 +616,13 @@ class Recorder:
         probe: hooks.Probe,
         samplers: SamplerSet,
         resolver: CgroupResolver,
+        poll: bool = True,
     ) -> list[Event]:
         extra, watch = self.follower.on_events(events)
         for cid in watch:
             probe.watch_cgroup(cid)
             self._sample_cgroup(cid, samplers, resolver)
-        return extra + self.follower.poll()
+        return extra + self.follower.poll() if poll else extra
 
     def _sample_cgroup(
         self, cgroup_id: int, samplers: SamplerSet, resolver: CgroupResolver

@@ -37,6 +37,7 @@ from tracer.events import (
 HISTORY_NS = 60 * 1_000_000_000
 MAX_PIDS = 8192
 MAX_CGROUPS = 1024
+MAX_SIGNALS_PER_PID = 256  # (kept: the newest 256 to 512)
 MAX_SAMPLES_PER_CGROUP = 1200  # 60 s at the fast 50 ms interval
 # Cgroup samples are kept this much longer than the history window: an OOM kill's window starts
 # a minute before the kill, which precedes the exit being judged.
@@ -138,7 +139,7 @@ class Evidence:
             CgroupInfo: self._cgroup_info,
             OomKill: lambda e: self.pid(e.victim_pid).ooms.append(e),
             KmsgOom: lambda e: self.pid(e.victim_pid).kmsg.append(e),
-            Signal: lambda e: self.pid(e.target_pid).signals.append(e),
+            Signal: self._signal,
             ReclaimStall: lambda e: self.pid(e.pid).stalls.append(e),
             ReclaimSummary: lambda e: self.cgroup(e.cgroup_id).summaries.append(e),
             CgroupSample: self._cgroup_sample,
@@ -154,6 +155,14 @@ class Evidence:
         for kind in GpuStore.KINDS:
             table[kind] = self.gpu.add
         return table
+
+    def _signal(self, ev: Signal) -> None:
+        kept = self.pid(ev.target_pid).signals
+        kept.append(ev)
+        if len(kept) > 2 * MAX_SIGNALS_PER_PID:
+            # a signal storm at one process: its newest signals are what a verdict reads
+            del kept[:MAX_SIGNALS_PER_PID]
+            self.evicted += MAX_SIGNALS_PER_PID
 
     def _cgroup_info(self, ev: CgroupInfo) -> None:
         self.cgroups[ev.cgroup_id] = ev

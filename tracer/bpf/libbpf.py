@@ -398,6 +398,7 @@ class RingBuffer:
 
     def __init__(self, events_map: Map, batch_max: int = BATCH_MAX) -> None:
         self._batch: list[bytes] = []
+        self.full = False
         batch = self._batch
         append = batch.append
         string_at = ctypes.string_at
@@ -428,6 +429,7 @@ class RingBuffer:
             rc = d.ring_buffer__consume(self.ptr)
             if rc < 0 and rc not in (-errno.EINTR, _BATCH_FULL):
                 raise BpfError("consuming the ring buffer", -rc)
+        self.full = rc == _BATCH_FULL  # more is waiting: the consumer is behind
         out = self._batch[:]
         self._batch.clear()
         return out
