@@ -136,3 +136,18 @@ def test_every_gpu_program_exists_in_the_gpu_object(
     }
     funcs = enums["wr_gpu_func"]
     assert {v: k for k, v in funcs.items()}.keys() == layout.GPU_FUNCS.keys()
+
+
+def test_kernel_function_is_found_in_btf_names_then_in_kallsyms(tmp_path: Any) -> None:
+    btf = tmp_path / "vmlinux"
+    btf.write_bytes(b"\x9f\xeb\x01\x00...\0int\0__mem_cgroup_handle_over_high\0nr_pages\0")
+    syms = tmp_path / "kallsyms"
+    syms.write_text("ffffffff81000000 T mem_cgroup_handle_over_high\nffffffff81000100 t other_fn\n")
+    names = hooks.HIGH_HANDLERS
+    assert hooks.kernel_function(names, str(btf), str(syms)) == "__mem_cgroup_handle_over_high"
+    # no BTF: kallsyms answers (only whole names: "nr_pages" is no function there)
+    missing = str(tmp_path / "none")
+    assert hooks.kernel_function(names, missing, str(syms)) == "mem_cgroup_handle_over_high"
+    assert hooks.kernel_function(("other_fn",), missing, str(syms)) == "other_fn"
+    assert hooks.kernel_function(("handle_over_high",), str(btf), str(syms)) is None
+    assert hooks.kernel_function(names, missing, missing) is None

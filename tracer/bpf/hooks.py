@@ -67,19 +67,30 @@ def fnv1a64(data: bytes) -> int:
     return h
 
 
-def kernel_function(candidates: tuple[str, ...], kallsyms: str = "/proc/kallsyms") -> str | None:
-    """The first of ``candidates`` that this kernel has as a function symbol.
+def kernel_function(
+    candidates: tuple[str, ...],
+    btf: str = "/sys/kernel/btf/vmlinux",
+    kallsyms: str = "/proc/kallsyms",
+) -> str | None:
+    """The first of ``candidates`` that this kernel has as a function.
 
-    A byte search of the whole file: building a set of its ~200,000 names took 0.6 s."""
-    try:
-        with open(kallsyms, "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    for c in candidates:
-        name = c.encode()
-        if b" T " + name + b"\n" in data or b" t " + name + b"\n" in data:
-            return c
+    Looked up among the names in the kernel's BTF first: a plain 5 MB read and a byte search,
+    about 7 ms, where /proc/kallsyms is generated on every read (30-50 ms here, a tenth of the
+    start-up). BTF describes the functions that were not inlined, which are the ones a kprobe
+    or fentry program can attach to; kallsyms answers when the BTF names neither. (Building a
+    set of kallsyms' ~200,000 names took 0.6 s: a byte search there too.)"""
+    for path, patterns in (
+        (btf, (b"\0%s\0",)),
+        (kallsyms, (b" T %s\n", b" t %s\n")),
+    ):
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError:
+            continue
+        for c in candidates:
+            if any(p % c.encode() in data for p in patterns):
+                return c
     return None
 
 

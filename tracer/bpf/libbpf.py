@@ -144,12 +144,13 @@ class _Lib:
     def _on_print(self, level: int, fmt: bytes | None, va_list: int | None) -> int:
         # va_list is an array type on x86-64 and arm64, so it arrives as a pointer and
         # vsnprintf can format it.
+        if level > LIBBPF_INFO:
+            return 0  # debug lines: thousands per load, 20 ms of start-up to format them
         buf = ctypes.create_string_buffer(2048)
         self._libc.vsnprintf(buf, len(buf), fmt, va_list)
-        if level <= LIBBPF_INFO:
-            with self._log_lock:
-                self.log.append(buf.value.decode(errors="replace").rstrip())
-                del self.log[:-400]
+        with self._log_lock:
+            self.log.append(buf.value.decode(errors="replace").rstrip())
+            del self.log[:-400]
         return 0
 
     def take_log(self) -> list[str]:
