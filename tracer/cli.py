@@ -156,7 +156,12 @@ def target_options(fn: F) -> F:
             help="Watch a Kubernetes pod on this node, NS/NAME (all its containers, "
             "across restarts; repeatable).",
         ),
-        click.option("--all", "all_", is_flag=True, help="Watch every process on the host."),
+        click.option(
+            "--all",
+            "all_",
+            is_flag=True,
+            help="Watch every process on the host (its cgroups are sampled, not each process).",
+        ),
         click.option(
             "--probe",
             "probes",
