@@ -20,6 +20,7 @@ come after the kernel OOM rule and before the signal rule; they live in
 
 from __future__ import annotations
 
+import functools
 import signal as _signal
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -462,27 +463,17 @@ class Analyzer:
         if had_oom:
             disagree = ("an OOM kill was reported for this pid, yet it exited on its own",)
         evidence = [exit_ev]
-        note = ""
-        if code != 0:
-            failures = self._alloc_failures(ex, pe)
-            if failures:
-                evidence = sorted([*failures, exit_ev])
-                note = "; memory allocation failures preceded it"
-        advice = ""
-        if code != 0:
-            advice = f"the application chose to exit: read its own log for why it returned {code}"
-            if note:
-                advice += (
-                    "; it ran out of memory it was allowed and handled it itself: raise "
-                    "the limit or lower its memory use"
-                )
+        failures = self._alloc_failures(ex, pe) if code != 0 else []
+        if failures:
+            evidence = sorted([*failures, exit_ev])
+        summary, advice = _app_exit_text(code, bool(failures))
         return Verdict(
             ts=ex.ts,
             pid=ex.pid,
             comm=ex.comm,
             cause=APP_EXIT,
             confidence=HIGH,
-            summary=f"exited on its own with code {code}{note}",
+            summary=summary,
             advice=advice,
             evidence=tuple(evidence),
             disagreements=disagree,
@@ -978,6 +969,22 @@ def _replace(v: Verdict, **changes: Any) -> Verdict:
     for name, value in changes.items():
         object.__setattr__(v, name, value)
     return v
+
+
+@functools.lru_cache(maxsize=1024)
+def _app_exit_text(code: int, alloc_failures: bool) -> tuple[str, str]:
+    """An app_exit verdict's summary and advice: one shared copy per exit code (thousands of
+    kept verdicts of a crash-looping program would each hold their own otherwise)."""
+    note = "; memory allocation failures preceded it" if alloc_failures else ""
+    advice = ""
+    if code != 0:
+        advice = f"the application chose to exit: read its own log for why it returned {code}"
+        if note:
+            advice += (
+                "; it ran out of memory it was allowed and handled it itself: raise "
+                "the limit or lower its memory use"
+            )
+    return f"exited on its own with code {code}{note}", advice
 
 
 def _clean_exit(ex: Exit, unit: str | None, main: bool) -> Verdict:
