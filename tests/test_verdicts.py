@@ -431,6 +431,22 @@ def test_unread_verdicts_are_counted_not_built_with_the_same_outcome() -> None:
     assert {r.cause for r in lean.restarts} == {"app_exit"}
 
 
+def test_a_long_lived_parent_outlives_the_process_table_churn() -> None:
+    from tracer.analysis import evidence
+
+    a = Analyzer()
+    a.feed(cgroup(50, "/system.slice/model.service", 64 * MiB))
+    a.feed(execd(0.0, 100, 50, "model"))
+    for i in range(evidence.MAX_PIDS * 2):
+        at = 1.0 + i * 1e-4
+        a.feed(forked(at, 100, 10_000 + i, 50, "worker"))
+        a.feed(exit_code(at + 5e-5, 10_000 + i, 0, cg=50, ppid=100))
+    assert a.ev.evicted > evidence.MAX_PIDS  # the children churned through the table
+    assert a.ev.procs[100].comm == "model"  # the server that forks them is still known
+    [v] = [v for v in a.feed_all([exit_code(9.0, 100, 1, cg=50)]) if v.pid == 100]
+    assert (v.main, v.unit, v.exit_code) == (True, "model.service", 1)
+
+
 def test_a_signal_storm_at_one_process_keeps_its_newest_signals_only() -> None:
     from tracer.analysis import evidence
 

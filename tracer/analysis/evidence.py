@@ -123,6 +123,10 @@ class Evidence:
             if len(self.procs) > MAX_PIDS:
                 self.procs.popitem(last=False)
                 self.evicted += 1
+        else:
+            # least recently seen goes first: a long-lived server that keeps forking must not
+            # be pushed out by its own short-lived children
+            self.procs.move_to_end(pid)
         return p
 
     # -- intake -----------------------------------------------------------------------------
