@@ -11,7 +11,8 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 
 from tracer.analysis import gpu as gpu_rules
-from tracer.analysis.verdicts import Restart, Verdict, describe_status, fmt_bytes
+from tracer.analysis.quantities import fmt_bytes
+from tracer.analysis.verdicts import Restart, Verdict, describe_status
 from tracer.events import (
     SI_KERNEL,
     CgroupInfo,

@@ -38,7 +38,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tracer.analysis.verdicts import APP_EXIT, Verdict, fmt_bytes
+from tracer.analysis.quantities import fmt_bytes
+from tracer.analysis.verdicts import APP_EXIT, Verdict
 from tracer.errors import UsageError
 
 if TYPE_CHECKING:

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
+from tracer.analysis.quantities import fmt_bytes
 from tracer.events import (
     Event,
     Exit,
@@ -48,18 +49,6 @@ DEVICE_FULL = 0.9  # NVML: a device this full corroborates an out-of-memory
 
 MAX_PIDS = 8192
 PER_PID = 256
-
-
-# tracer.analysis.verdicts.fmt_bytes, which cannot be imported here (verdicts imports this)
-def fmt_bytes(n: int | None) -> str:
-    if n is None:
-        return "?"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value} B"  # pragma: no cover
 
 
 @dataclass

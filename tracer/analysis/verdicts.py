@@ -30,6 +30,7 @@ from typing import Any, Final
 from tracer.analysis import gpu as gpu_rules
 from tracer.analysis import senders, units
 from tracer.analysis.evidence import HISTORY_NS, Evidence, PidEvidence, Proc
+from tracer.analysis.quantities import fmt_bytes, fmt_duration
 from tracer.analysis.senders import PLUMBING
 from tracer.analysis.units import UnitName, unit_of_cgroup
 from tracer.events import (
@@ -71,23 +72,6 @@ ALLOC_FAIL_WINDOW_NS = 10 * SECOND  # "an allocation failure preceded" the exit
 HEADROOM = 0.15
 
 Evidence_ = tuple[int, str]  # (timestamp of the event, what it says)
-
-
-def fmt_bytes(n: int | float | None) -> str:
-    if n is None:
-        return "?"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value} B"  # pragma: no cover
-
-
-def fmt_duration(ns: int) -> str:
-    if ns < 1_000_000:
-        return f"{ns / 1e3:.0f} us"
-    return f"{ns / 1e6:.0f} ms" if ns < SECOND else f"{ns / 1e9:.1f} s"
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,12 +200,11 @@ class Analyzer:
         horizon = self._now - SETTLE_NS
         pending = self._pending
         # exits arrive in time order: only the oldest can be due (O(1) when none is)
-        if pending and pending[0].ts <= horizon:
-            return self._judge_due(horizon)
+        out = self._judge_due(horizon) if pending and pending[0].ts <= horizon else []
         if horizon - self._pruned >= SECOND:
             self.ev.prune(horizon)
             self._pruned = horizon
-        return []
+        return out
 
     def _on_exec(self, ev: Exec) -> None:
         if not ev.comm.startswith(PLUMBING):  # (senders.is_runtime_plumbing, inlined: hot)
@@ -286,9 +269,6 @@ class Analyzer:
                 out.append(v)
             self.ev.forget_pid(ex.pid, ex.ts)
             self._units.pop(ex.pid, None)
-        if horizon is not None and horizon - self._pruned >= SECOND:
-            self.ev.prune(horizon)
-            self._pruned = horizon
         return out
 
     def _keep(self, v: Verdict) -> None:
@@ -372,19 +352,22 @@ class Analyzer:
         main = self._exit_main.pop(ex.pid, True)
         restartable = main and unit is not None and unit.kind != "command"
         found = self.ev.by_pid.get(ex.pid)
-        if found is None and ex.status == 0 and not self._gpu_seen():
-            # the common case by far: exited with 0, nothing else known about the process
-            if restartable:
-                self._cause[ex.pid] = APP_EXIT  # a restart may name it
-            if not self.every_verdict and (
-                self._clean_kept >= MAX_CLEAN_KEPT or len(self.verdicts) >= MAX_KEPT
+        if not self.every_verdict:
+            if (
+                found is None
+                and ex.status == 0
+                and (self._clean_kept >= MAX_CLEAN_KEPT or len(self.verdicts) >= MAX_KEPT)
+                and not self._gpu_seen()
             ):
+                # the common case by far: exited with 0, nothing else known about it, so an
+                # app_exit that _keep would not keep
+                if restartable:
+                    self._cause[ex.pid] = APP_EXIT  # a restart may name it
                 self.not_kept += 1
                 return None
-            return _clean_exit(ex, unit.label if unit else None, main)
-        if not (self.every_verdict or restartable) and len(self.verdicts) >= MAX_KEPT:
-            self.not_kept += 1  # (nothing is kept any more, and no restart will name it)
-            return None
+            if not restartable and len(self.verdicts) >= MAX_KEPT:
+                self.not_kept += 1  # (nothing is kept any more, and no restart will name it)
+                return None
         pe = found or PidEvidence()
         since = max(ex.start_ns, ex.ts - HISTORY_NS)
         end = ex.ts + SETTLE_NS
@@ -985,25 +968,6 @@ def _app_exit_text(code: int, alloc_failures: bool) -> tuple[str, str]:
                 "the limit or lower its memory use"
             )
     return f"exited on its own with code {code}{note}", advice
-
-
-def _clean_exit(ex: Exit, unit: str | None, main: bool) -> Verdict:
-    """``_app_exit``'s verdict on an exit with code 0 and no other evidence, without the
-    detours of the general path."""
-    values: dict[str, Any] = {
-        "ts": ex.ts,
-        "pid": ex.pid,
-        "comm": ex.comm,
-        "cause": APP_EXIT,
-        "confidence": HIGH,
-        "summary": "exited on its own with code 0",
-        "advice": "",
-        "evidence": ((ex.ts, f"pid {ex.pid} ({ex.comm}) exited with code 0"),),
-        "unit": unit,
-        "main": main,
-        "exit_code": 0,
-    }
-    return Verdict(**values)
 
 
 def describe_status(ex: Exit) -> str:

@@ -11,7 +11,7 @@ import gc
 import sys
 from collections.abc import Callable, Iterable
 from sys import intern
-from typing import Literal
+from typing import Any, Literal
 
 from tracer.bpf import layout
 from tracer.events import (
@@ -180,42 +180,35 @@ class Decoder:
 
     @staticmethod
     def _gpu_alloc_fail(raw: bytes) -> Event:
-        (_, _, _, _, ts, tid, tgid, cg, comm, req, held, peak, fails, func, result) = (
-            _GPU_ALLOC.unpack_from(raw)
-        )
-        return GpuAllocFailure(
-            ts=ts,
-            pid=tgid,
-            tid=tid,
-            comm=_str(comm),
-            cgroup_id=cg,
-            function=layout.GPU_FUNCS.get(func, f"func{func}"),
-            requested_bytes=req,
-            result=result,
-            held_bytes=held,
-            peak_bytes=peak,
-            failures=fails,
-        )
+        fields, result = _gpu_alloc_fields(raw)
+        return GpuAllocFailure(**fields, result=result)
 
     @staticmethod
     def _gpu_alloc_recovered(raw: bytes) -> Event:
-        (_, _, _, _, ts, tid, tgid, cg, comm, req, held, peak, fails, func, _result) = (
-            _GPU_ALLOC.unpack_from(raw)
-        )
-        return GpuOomRecovered(
-            ts=ts,
-            pid=tgid,
-            tid=tid,
-            comm=_str(comm),
-            cgroup_id=cg,
-            function=layout.GPU_FUNCS.get(func, f"func{func}"),
-            requested_bytes=req,
-            held_bytes=held,
-            peak_bytes=peak,
-            failures=fails,
-        )
+        fields, _result = _gpu_alloc_fields(raw)
+        return GpuOomRecovered(**fields)
 
     @staticmethod
     def _mkdir(raw: bytes) -> Event:
         (_, _, _, _, ts, _pid, _tgid, _cg, _comm, cid, level, _hid, path) = _MKDIR.unpack_from(raw)
         return CgroupMkdir(ts=ts, cgroup_id=cid, path=_str(path), level=level)
+
+
+def _gpu_alloc_fields(raw: bytes) -> tuple[dict[str, Any], int]:
+    """A struct wr_gpu_alloc's fields shared by a failure and a recovery, and its CUresult."""
+    (_, _, _, _, ts, tid, tgid, cg, comm, req, held, peak, fails, func, result) = (
+        _GPU_ALLOC.unpack_from(raw)
+    )
+    fields = {
+        "ts": ts,
+        "pid": tgid,
+        "tid": tid,
+        "comm": _str(comm),
+        "cgroup_id": cg,
+        "function": layout.GPU_FUNCS.get(func, f"func{func}"),
+        "requested_bytes": req,
+        "held_bytes": held,
+        "peak_bytes": peak,
+        "failures": fails,
+    }
+    return fields, result

@@ -32,7 +32,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tracer import __version__
-from tracer.analysis.verdicts import Verdict, fmt_bytes, fmt_duration
+from tracer.analysis.quantities import fmt_bytes, fmt_duration
+from tracer.analysis.verdicts import Verdict
 from tracer.errors import OutputError, WhyrestartError
 from tracer.outputs.timeline import (
     GPU_DOWN,

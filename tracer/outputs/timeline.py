@@ -25,7 +25,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from tracer.analysis import units as unit_names
-from tracer.analysis.verdicts import Analyzer, Restart, Verdict, describe_status, fmt_bytes
+from tracer.analysis.quantities import fmt_bytes
+from tracer.analysis.verdicts import Analyzer, Restart, Verdict, describe_status
 from tracer.events import (
     SI_KERNEL,
     CgroupInfo,

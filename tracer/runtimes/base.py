@@ -19,6 +19,7 @@ recorder turns reasons into ``SampleError`` events ("nothing silent").
 from __future__ import annotations
 
 import abc
+import dataclasses
 import logging
 import os
 import re
@@ -134,6 +135,15 @@ class Runtime(abc.ABC):
             log.debug("%s", reason)
         else:
             self._say(reason)
+
+    def _found(self, info: ContainerInfo, proc_root: str) -> ContainerInfo:
+        """A successful lookup. /proc/PID/cgroup is the kernel's word on the memory hierarchy,
+        so it wins over the runtime's cgroup path (the path it asked for: on a systemd-managed
+        v2 host podman's may lack the "/container" leaf the process really sits in). The pid
+        read can race with an exit; then the runtime's path stays."""
+        self._ok()
+        proc_path = cgroup_path_of_pid(info.pid, proc_root)
+        return info if proc_path is None else dataclasses.replace(info, cgroup_path=proc_path)
 
     def _ok(self) -> None:
         self.last_error = None

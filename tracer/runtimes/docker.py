@@ -18,7 +18,6 @@ cgroup path: it is read from the main pid's ``/proc/PID/cgroup`` while the conta
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import os
@@ -32,7 +31,6 @@ from tracer.runtimes.base import (
     ContainerInfo,
     LookupFailed,
     Runtime,
-    cgroup_path_of_pid,
     get_bool,
     get_dict,
     get_int,
@@ -175,11 +173,7 @@ class DockerRuntime(Runtime):
         if info is None:
             self._fail(f"{self.name}: GET {path} answered no container object")
             return None
-        self._ok()
-        proc_path = cgroup_path_of_pid(info.pid, self.proc_root)
-        if proc_path is not None:
-            info = dataclasses.replace(info, cgroup_path=proc_path)
-        return info
+        return self._found(info, self.proc_root)
 
     def _get(self, path: str) -> tuple[int, bytes]:
         """One GET on a fresh connection; (status, body). Raises ``LookupFailed``.

@@ -20,7 +20,6 @@ Fields relied on (podman 4.3 key names): ``Id``, ``Name``, ``State.Status``, ``S
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import shutil
@@ -31,7 +30,6 @@ from tracer.runtimes.base import (
     ContainerInfo,
     LookupFailed,
     Runtime,
-    cgroup_path_of_pid,
     first_line,
     get_bool,
     get_dict,
@@ -126,15 +124,7 @@ class PodmanRuntime(Runtime):
         if info is None:
             self._fail(f"podman: inspect of {key!r} has no container Id")
             return None
-        self._ok()
-        # /proc/PID/cgroup is the kernel's word on the memory hierarchy, so it wins over
-        # podman's CgroupPath (which is the path podman asked for, and on a systemd-managed
-        # v2 host may lack the "/container" leaf the process really sits in). The pid read
-        # can race with an exit; then podman's path stays.
-        proc_path = cgroup_path_of_pid(info.pid, self.proc_root)
-        if proc_path is not None:
-            info = dataclasses.replace(info, cgroup_path=proc_path)
-        return info
+        return self._found(info, self.proc_root)
 
     def _inspect(self, key: str) -> Mapping[str, Any] | None:
         # "--" so that a name starting with "-" is not taken for an option.
