@@ -24,7 +24,6 @@ holding a process that allocates 32 MiB, then removes both.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import posixpath
@@ -38,6 +37,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TypeVar
 
+import msgspec
 import orjson
 import pytest
 from hypothesis import given
@@ -514,7 +514,7 @@ def test_cgroup_sampler_v2_root_lacks_files_silently(tmp_path: Path) -> None:
     )
     assert sample.stat["anon"] == 2 * 805306368
     assert (sample.psi_some_avg10, sample.psi_full_total_us) == (0.52, 25100877)
-    assert s.sample(2, ino(root, "/")) == [dataclasses.replace(sample, ts=2)]
+    assert s.sample(2, ino(root, "/")) == [msgspec.structs.replace(sample, ts=2)]
 
 
 def test_cgroup_sampler_v1_this_host(tmp_path: Path) -> None:

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import random
 import signal
-from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from msgspec.structs import replace
 
 from tests.streams import (
     MiB,

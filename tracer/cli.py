@@ -446,13 +446,12 @@ def replay(trace: str, as_json: bool, verdicts_only: bool, as_tail: bool) -> Non
         )
         return
     if verdicts_only:
-        for _ in fed():
-            pass
+        analyzer.feed_all(reader)
     else:
         for line in timeline(fed(), clock, path_of):
             click.echo(line)
         click.echo()
-    analyzer.finish()
+        analyzer.finish()
     for w in reader.warnings:
         click.echo(f"whyrestart: warning: {w}", err=True)
     click.echo(

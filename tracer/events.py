@@ -1,4 +1,4 @@
-"""The event vocabulary: every fact whyrestart records, as frozen dataclasses.
+"""The event vocabulary: every fact whyrestart records, as frozen msgspec Structs.
 
 Kernel events (decoded from the BPF ring buffer), samplers and parsers all produce these, the
 trace file stores them, and the analysis consumes them. Each class has a short ``KIND`` string
@@ -12,12 +12,12 @@ one tested function each (``decode_wait_status``), never half in C and half in P
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import signal as _signal
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
+
+import msgspec
 
 # ---------------------------------------------------------------------------------------------
 # Raw kernel value decoders
@@ -71,9 +71,16 @@ def signal_result_name(result: int) -> str:
 # Events
 
 
-@dataclass(frozen=True, slots=True)
-class Event:
-    """Base of every event: a timestamp on CLOCK_BOOTTIME (ns)."""
+class Event(msgspec.Struct, frozen=True, gc=False, tag_field="t"):
+    """Base of every event: a timestamp on CLOCK_BOOTTIME (ns).
+
+    Events are frozen msgspec Structs rather than dataclasses: the trace reader decodes a block
+    of JSON lines straight into them in C (`msgspec.json.Decoder.decode_lines`, ~4x what
+    orjson plus building a slots dataclass managed), their positional constructor is C too, and
+    ``gc=False`` keeps a million of them out of the cyclic collector's way (an event holds only
+    numbers, strings and dicts of those: never a cycle). Each subclass names its ``KIND`` as its
+    tag (``class Exit(Event, tag="exit")``), which is also ``{"t": KIND}`` in the trace.
+    """
 
     KIND: ClassVar[str] = ""
     ts: int
@@ -81,27 +88,14 @@ class Event:
     def to_record(self) -> dict[str, Any]:
         """The trace-file form: ``{"t": KIND, field: value, ...}`` (JSON-safe values only)."""
         rec: dict[str, Any] = {"t": self.KIND}
-        for name in _field_names(type(self)):
+        for name in self.__struct_fields__:
             rec[name] = getattr(self, name)
         return rec
 
 
-_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
-
-
-def _field_names(cls: type[Event]) -> tuple[str, ...]:
-    # (dataclasses.fields builds its answer on every call: a third of writing a record)
-    names = _FIELD_NAMES.get(cls)
-    if names is None:
-        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
-    return names
-
-
-@dataclass(frozen=True, slots=True)
-class Exit(Event):
+class Exit(Event, frozen=True, tag="exit"):
     """A process (thread group) ended: its last thread passed ``sched_process_exit``."""
 
-    KIND: ClassVar[str] = "exit"
     pid: int  # the tgid, i.e. the process id users see
     ppid: int
     comm: str
@@ -115,11 +109,9 @@ class Exit(Event):
         return decode_wait_status(self.status)
 
 
-@dataclass(frozen=True, slots=True)
-class Signal(Event):
+class Signal(Event, frozen=True, tag="signal"):
     """A fatal signal was generated (``signal/signal_generate``): sender is the current task."""
 
-    KIND: ClassVar[str] = "signal"
     sender_pid: int  # sender's tgid
     sender_tid: int
     sender_comm: str
@@ -132,11 +124,9 @@ class Signal(Event):
     group: bool  # sent to the whole thread group
 
 
-@dataclass(frozen=True, slots=True)
-class OomKill(Event):
+class OomKill(Event, frozen=True, tag="oom"):
     """The kernel OOM killer chose a victim (one event per victim, ``memory.oom.group`` too)."""
 
-    KIND: ClassVar[str] = "oom"
     victim_pid: int  # victim's tgid
     victim_comm: str
     victim_cgroup_id: int
@@ -149,37 +139,31 @@ class OomKill(Event):
     rung: str  # which hook saw it: kprobe, fentry, tp_btf, tracepoint, kmsg
 
 
-@dataclass(frozen=True, slots=True)
-class Fork(Event):
+class Fork(Event, frozen=True, tag="fork"):
     """A watched process forked a new process (threads are not reported)."""
 
-    KIND: ClassVar[str] = "fork"
     parent_pid: int
     child_pid: int
     comm: str
     cgroup_id: int
 
 
-@dataclass(frozen=True, slots=True)
-class Exec(Event):
+class Exec(Event, frozen=True, tag="exec"):
     """A watched process called execve successfully."""
 
-    KIND: ClassVar[str] = "exec"
     pid: int
     comm: str
     filename: str
     cgroup_id: int
 
 
-@dataclass(frozen=True, slots=True)
-class KmsgOom(Event):
+class KmsgOom(Event, frozen=True, tag="kmsg_oom"):
     """An OOM report read from the kernel log (``/dev/kmsg``): independent evidence.
 
     Assembled from the ``oom-kill:constraint=...`` line and the ``Killed process ...`` line of
     one report. Fields the kernel did not print are ``None`` / ``""``.
     """
 
-    KIND: ClassVar[str] = "kmsg_oom"
     victim_pid: int
     victim_comm: str
     constraint: str  # e.g. CONSTRAINT_MEMCG, CONSTRAINT_NONE
@@ -193,26 +177,22 @@ class KmsgOom(Event):
     memcg: bool  # constraint == CONSTRAINT_MEMCG, or the "Memory cgroup out of memory" prefix
 
 
-@dataclass(frozen=True, slots=True)
-class CgroupInfo(Event):
+class CgroupInfo(Event, frozen=True, tag="cgroup"):
     """What a cgroup id stands for, captured while the cgroup still existed.
 
     Written once per id the first time it is seen, so a trace names cgroups that are long gone
     when it is replayed.
     """
 
-    KIND: ClassVar[str] = "cgroup"
     cgroup_id: int
     path: str  # relative to the hierarchy root, starting with "/"
     hierarchy: str  # "memory" (cgroup v1 memory controller) or "unified" (cgroup v2)
     limit_bytes: int | None  # memory limit set on this cgroup itself (None = unlimited/unknown)
 
 
-@dataclass(frozen=True, slots=True)
-class Lost(Event):
+class Lost(Event, frozen=True, tag="lost"):
     """Events the kernel could not hand over (ring-buffer reservations that failed)."""
 
-    KIND: ClassVar[str] = "lost"
     count: int  # newly lost since the previous Lost event
 
 
@@ -220,12 +200,10 @@ class Lost(Event):
 # Memory pressure: reclaim and throttling (BPF), and samples (cgroupfs, /proc)
 
 
-@dataclass(frozen=True, slots=True)
-class ReclaimStall(Event):
+class ReclaimStall(Event, frozen=True, tag="stall"):
     """One long stall of a watched task: memcg reclaim, host direct reclaim, or memory.high
     throttling (``kind``: "memcg", "direct", "high"). Shorter ones only count in summaries."""
 
-    KIND: ClassVar[str] = "stall"
     pid: int  # tgid of the stalled task
     comm: str
     cgroup_id: int  # the memory cgroup being reclaimed/throttled (at or over its limit)
@@ -236,14 +214,12 @@ class ReclaimStall(Event):
     rung: str
 
 
-@dataclass(frozen=True, slots=True)
-class ReclaimSummary(Event):
+class ReclaimSummary(Event, frozen=True, tag="reclaim"):
     """Reclaim/throttling aggregated in the kernel per cgroup over one interval.
 
     ``kind`` "kswapd" counts kswapd wake-ups on the host (``cgroup_id`` 0, durations 0).
     """
 
-    KIND: ClassVar[str] = "reclaim"
     cgroup_id: int
     kind: str
     count: int
@@ -253,12 +229,10 @@ class ReclaimSummary(Event):
     interval_ns: int
 
 
-@dataclass(frozen=True, slots=True)
-class CgroupSample(Event):
+class CgroupSample(Event, frozen=True, tag="cg_sample"):
     """One reading of a memory cgroup's files. ``None``: the file or field is absent here
     (a v1 host has no memory.high; old kernels lack some memory.stat keys)."""
 
-    KIND: ClassVar[str] = "cg_sample"
     cgroup_id: int
     path: str
     usage_bytes: int | None  # v2 memory.current / v1 memory.usage_in_bytes
@@ -274,24 +248,20 @@ class CgroupSample(Event):
     psi_full_total_us: int | None
 
 
-@dataclass(frozen=True, slots=True)
-class EffectiveLimit(Event):
+class EffectiveLimit(Event, frozen=True, tag="eff_limit"):
     """The smallest memory limit over a watched cgroup and its ancestors, and who sets it.
 
     Written at start and whenever it changes."""
 
-    KIND: ClassVar[str] = "eff_limit"
     cgroup_id: int
     path: str
     limit_bytes: int | None  # None: no limit anywhere up to the root
     set_by: str | None  # the path of the cgroup whose limit it is
 
 
-@dataclass(frozen=True, slots=True)
-class HostSample(Event):
+class HostSample(Event, frozen=True, tag="host_sample"):
     """/proc/meminfo and /proc/pressure/memory: what "the host says memory is free" means."""
 
-    KIND: ClassVar[str] = "host_sample"
     mem_total: int
     mem_available: int | None
     mem_free: int
@@ -303,11 +273,9 @@ class HostSample(Event):
     psi_full_total_us: int | None
 
 
-@dataclass(frozen=True, slots=True)
-class ProcessSample(Event):
+class ProcessSample(Event, frozen=True, tag="proc_sample"):
     """A watched process's resident memory split (from /proc/PID/status), bytes."""
 
-    KIND: ClassVar[str] = "proc_sample"
     pid: int
     rss_anon: int | None
     rss_file: int | None  # file-backed resident pages, i.e. mapped files
@@ -315,11 +283,9 @@ class ProcessSample(Event):
     vm_swap: int | None
 
 
-@dataclass(frozen=True, slots=True)
-class SampleError(Event):
+class SampleError(Event, frozen=True, tag="sample_error"):
     """A sampler could not read something (said once per source, target and problem)."""
 
-    KIND: ClassVar[str] = "sample_error"
     source: str  # "cgroup", "host", "process", "psi"...
     target: str  # a cgroup path, a pid, a file
     message: str
@@ -333,12 +299,10 @@ CUDA_SUCCESS = 0
 CUDA_ERROR_OUT_OF_MEMORY = 2
 
 
-@dataclass(frozen=True, slots=True)
-class GpuAllocFailure(Event):
+class GpuAllocFailure(Event, frozen=True, tag="gpu_alloc_fail"):
     """A device allocation returned CUDA_ERROR_OUT_OF_MEMORY inside a watched process (a uretprobe
     on the libcuda.so.1 it maps). NVML never sees these: the process was refused the memory."""
 
-    KIND: ClassVar[str] = "gpu_alloc_fail"
     pid: int  # tgid
     tid: int
     comm: str
@@ -351,12 +315,10 @@ class GpuAllocFailure(Event):
     failures: int  # failed allocations since the process's last success, this one included
 
 
-@dataclass(frozen=True, slots=True)
-class GpuOomRecovered(Event):
+class GpuOomRecovered(Event, frozen=True, tag="gpu_oom_recovered"):
     """The first successful device allocation after failures: a *recovered* GPU OOM (PyTorch and
     XLA free their caches and retry). An event, never a verdict on its own."""
 
-    KIND: ClassVar[str] = "gpu_oom_recovered"
     pid: int
     tid: int
     comm: str
@@ -368,12 +330,10 @@ class GpuOomRecovered(Event):
     failures: int  # failed allocations since the previous success
 
 
-@dataclass(frozen=True, slots=True)
-class GpuLibrary(Event):
+class GpuLibrary(Event, frozen=True, tag="gpu_lib"):
     """A watched process maps a CUDA driver library: it is a GPU user. Says which allocation
     entry points were probed, so a trace shows what could and could not be caught."""
 
-    KIND: ClassVar[str] = "gpu_lib"
     pid: int
     path: str  # as the process maps it (inside its mount namespace)
     probed: str  # comma-separated entry points with uprobes attached
@@ -381,12 +341,10 @@ class GpuLibrary(Event):
     error: str  # why probing failed ("" when it did not)
 
 
-@dataclass(frozen=True, slots=True)
-class GpuSample(Event):
+class GpuSample(Event, frozen=True, tag="gpu_sample"):
     """One NVML reading of a device's memory (``nvmlDeviceGetMemoryInfo``, v2 where the driver
     has it: ``reserved_bytes`` is None on v1)."""
 
-    KIND: ClassVar[str] = "gpu_sample"
     index: int
     uuid: str
     name: str
@@ -396,23 +354,19 @@ class GpuSample(Event):
     reserved_bytes: int | None
 
 
-@dataclass(frozen=True, slots=True)
-class GpuProcessSample(Event):
+class GpuProcessSample(Event, frozen=True, tag="gpu_proc_sample"):
     """Device memory NVML attributes to one watched process on one device."""
 
-    KIND: ClassVar[str] = "gpu_proc_sample"
     index: int  # device index
     pid: int
     used_bytes: int | None  # None: NVML says "not available"
     kind: str  # "compute" or "graphics"
 
 
-@dataclass(frozen=True, slots=True)
-class GpuXid(Event):
+class GpuXid(Event, frozen=True, tag="gpu_xid"):
     """An Xid error: from NVML's event set (no pid) or from the driver's kernel-log line
     ``NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python3, GPU has fallen off the bus.``"""
 
-    KIND: ClassVar[str] = "gpu_xid"
     xid: int
     device: str  # PCI bus id (kernel log) or UUID (NVML); "" when unknown
     device_index: int | None  # NVML index, when known
@@ -422,23 +376,19 @@ class GpuXid(Event):
     source: str  # "nvml" or "kmsg"
 
 
-@dataclass(frozen=True, slots=True)
-class GpuLost(Event):
+class GpuLost(Event, frozen=True, tag="gpu_lost"):
     """A GPU stopped answering: NVML reports it lost or needing a reset, or the driver logged
     that it fell off the bus."""
 
-    KIND: ClassVar[str] = "gpu_lost"
     device: str
     device_index: int | None
     reason: str  # "gpu_is_lost", "reset_required", "fallen_off_bus"
     source: str  # "nvml" or "kmsg"
 
 
-@dataclass(frozen=True, slots=True)
-class CgroupMkdir(Event):
+class CgroupMkdir(Event, frozen=True, tag="cg_mkdir"):
     """A cgroup was created in the tracked hierarchy while containers were being followed."""
 
-    KIND: ClassVar[str] = "cg_mkdir"
     cgroup_id: int
     path: str
     level: int
@@ -448,12 +398,10 @@ class CgroupMkdir(Event):
 # Containers, supervisors and health probes
 
 
-@dataclass(frozen=True, slots=True)
-class UnitInfo(Event):
+class UnitInfo(Event, frozen=True, tag="unit"):
     """What a cgroup is to its users: a container (with its runtime's name for it), a pod's
     container, a systemd unit. Written once per cgroup id, when first named."""
 
-    KIND: ClassVar[str] = "unit"
     cgroup_id: int
     kind: str  # podman, docker, containerd, crio, k8s, systemd
     unit_id: str  # container id / unit name
@@ -462,11 +410,9 @@ class UnitInfo(Event):
     main_pid: int = 0  # its main process, when a runtime said so (a container already running)
 
 
-@dataclass(frozen=True, slots=True)
-class RuntimeSample(Event):
+class RuntimeSample(Event, frozen=True, tag="runtime"):
     """What a supervisor says about a unit: its restart count and its own exit claims."""
 
-    KIND: ClassVar[str] = "runtime"
     unit: str  # the unit label, as UnitInfo names it
     source: str  # podman, docker, systemd, kubernetes
     restart_count: int | None
@@ -475,11 +421,9 @@ class RuntimeSample(Event):
     oom_killed: bool | None  # the runtime's claim (podman 4.3 says False for real cgroup OOMs)
 
 
-@dataclass(frozen=True, slots=True)
-class ProbeSample(Event):
+class ProbeSample(Event, frozen=True, tag="probe"):
     """One health probe: ours (--probe) or a runtime's exec health check seen in the kernel."""
 
-    KIND: ClassVar[str] = "probe"
     target: str  # the probe spec, or "healthcheck" for a runtime's exec check
     unit: str  # the unit it checks ("" when not known)
     latency_ns: int
@@ -490,58 +434,38 @@ class ProbeSample(Event):
     pid: int = 0  # the check's process, for a runtime's exec health check
 
 
-KINDS: dict[str, type[Event]] = {
-    cls.KIND: cls
-    for cls in (
-        Exit,
-        Signal,
-        OomKill,
-        Fork,
-        Exec,
-        KmsgOom,
-        CgroupInfo,
-        Lost,
-        ReclaimStall,
-        ReclaimSummary,
-        CgroupSample,
-        EffectiveLimit,
-        HostSample,
-        ProcessSample,
-        SampleError,
-        CgroupMkdir,
-        UnitInfo,
-        RuntimeSample,
-        ProbeSample,
-        GpuAllocFailure,
-        GpuOomRecovered,
-        GpuLibrary,
-        GpuSample,
-        GpuProcessSample,
-        GpuXid,
-        GpuLost,
-    )
-}
-
-
-def positional_builder(cls: type[Event]) -> Callable[..., Event]:
-    """A fast constructor taking every field positionally, in declaration order.
-
-    Hot paths (decoding ring-buffer records, a few hundred thousand a second) build events this
-    way: a frozen dataclass's __init__ sets each field through object.__setattr__, which costs
-    more than decoding the record. This stores through the slot descriptors instead, in
-    straight-line generated code (a loop over the setters costs a third more); the values must
-    already have the right types (the decoders' do).
-    """
-    names = [f.name for f in dataclasses.fields(cls)]
-    ns: dict[str, Any] = {"_new": object.__new__, "_cls": cls}
-    src = [f"def build({', '.join(f'v{i}' for i in range(len(names)))}):", "    o = _new(_cls)"]
-    for i, name in enumerate(names):
-        ns[f"s{i}"] = getattr(cls, name).__set__
-        src.append(f"    s{i}(o, v{i})")
-    src.append("    return o")
-    exec(compile("\n".join(src), f"<positional builder for {cls.__name__}>", "exec"), ns)
-    build: Callable[..., Event] = ns["build"]
-    return build
+_ALL: tuple[type[Event], ...] = (
+    Exit,
+    Signal,
+    OomKill,
+    Fork,
+    Exec,
+    KmsgOom,
+    CgroupInfo,
+    Lost,
+    ReclaimStall,
+    ReclaimSummary,
+    CgroupSample,
+    EffectiveLimit,
+    HostSample,
+    ProcessSample,
+    SampleError,
+    CgroupMkdir,
+    UnitInfo,
+    RuntimeSample,
+    ProbeSample,
+    GpuAllocFailure,
+    GpuOomRecovered,
+    GpuLibrary,
+    GpuSample,
+    GpuProcessSample,
+    GpuXid,
+    GpuLost,
+)
+for _cls in _ALL:
+    # (a Struct's config is final only once its class exists: __init_subclass__ is too early)
+    _cls.KIND = cast(str, _cls.__struct_config__.tag)
+KINDS: dict[str, type[Event]] = {cls.KIND: cls for cls in _ALL}
 
 
 class RecordError(ValueError):
@@ -549,18 +473,13 @@ class RecordError(ValueError):
 
 
 def from_record(rec: dict[str, Any]) -> Event:
-    """Inverse of ``Event.to_record``. Unknown fields are ignored, missing ones are an error."""
+    """Inverse of ``Event.to_record``. Unknown fields are ignored; a missing field or a value of
+    the wrong type is a `RecordError`."""
     kind = rec.get("t")
     cls = KINDS.get(kind) if isinstance(kind, str) else None
     if cls is None:
         raise RecordError(f"unknown event kind {kind!r}")
-    kwargs: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        if f.name in rec:
-            kwargs[f.name] = rec[f.name]
-        elif f.default is dataclasses.MISSING:
-            raise RecordError(f"{kind} record lacks field {f.name!r}")
     try:
-        return cls(**kwargs)
-    except TypeError as exc:  # pragma: no cover - guarded by the loop above
-        raise RecordError(f"{kind} record: {exc}") from exc
+        return msgspec.convert(rec, cls)
+    except msgspec.ValidationError as exc:
+        raise RecordError(f"{kind} record: {exc}") from None

@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import msgspec
+
 from tracer.analysis.gpu import GpuStore
 from tracer.events import (
     CgroupInfo,
@@ -44,8 +46,10 @@ MAX_SAMPLES_PER_CGROUP = 1200  # 60 s at the fast 50 ms interval
 SAMPLE_MARGIN_NS = 10 * 1_000_000_000
 
 
-@dataclass(slots=True)
-class Proc:
+class Proc(msgspec.Struct, gc=False):
+    """What the analysis knows of one process. A msgspec Struct (mutable, no GC tracking): one
+    is made per fork, and its C constructor costs a sixth of a slots dataclass's."""
+
     pid: int
     comm: str = ""
     ppid: int = 0
@@ -95,7 +99,8 @@ class Evidence:
         self.runtime: dict[str, list[RuntimeSample]] = {}  # unit label -> samples
         self.gpu = GpuStore()  # GPU events: tracer/analysis/gpu.py
         self.evicted = 0
-        self._keep = self._dispatch()
+        # what ``add`` does with each kind of event (the analyzer calls these directly)
+        self.intake = self._dispatch()
 
     # -- bounded maps -----------------------------------------------------------------------
 
@@ -119,14 +124,19 @@ class Evidence:
     def proc(self, pid: int) -> Proc:
         p = self.procs.get(pid)
         if p is None:
-            p = self.procs[pid] = Proc(pid)
-            if len(self.procs) > MAX_PIDS:
-                self.procs.popitem(last=False)
-                self.evicted += 1
+            p = self._new_proc(Proc(pid))
         else:
             # least recently seen goes first: a long-lived server that keeps forking must not
             # be pushed out by its own short-lived children
             self.procs.move_to_end(pid)
+        return p
+
+    def _new_proc(self, p: Proc) -> Proc:
+        procs = self.procs
+        procs[p.pid] = p
+        if len(procs) > MAX_PIDS:
+            procs.popitem(last=False)
+            self.evicted += 1
         return p
 
     # -- intake -----------------------------------------------------------------------------
@@ -134,7 +144,7 @@ class Evidence:
     def add(self, ev: Event) -> None:
         # one dict lookup on the event's type: the hot kinds (fork, exec, exit) come last in
         # any isinstance chain, and a replay feeds a million of them
-        keep = self._keep.get(type(ev))
+        keep = self.intake.get(type(ev))
         if keep is not None:
             keep(ev)
 
@@ -152,9 +162,9 @@ class Evidence:
             UnitInfo: lambda e: self.units.__setitem__(e.cgroup_id, e),
             ProbeSample: self.probes.append,
             RuntimeSample: lambda e: self.runtime.setdefault(e.unit, []).append(e),
-            Fork: self._fork,
-            Exec: self._exec,
-            Exit: self._exit,
+            Fork: self.add_fork,
+            Exec: self.add_exec,
+            Exit: self.add_exit,
         }
         for kind in GpuStore.KINDS:
             table[kind] = self.gpu.add
@@ -188,24 +198,42 @@ class Evidence:
     def _effective_limit(self, ev: EffectiveLimit) -> None:
         self.cgroup(ev.cgroup_id).limit = ev
 
-    def _fork(self, ev: Fork) -> None:
-        parent = self.proc(ev.parent_pid)
-        if not parent.comm:
-            parent.comm, parent.cgroup_id = ev.comm, ev.cgroup_id
-        child = self.proc(ev.child_pid)
-        child.ppid, child.comm, child.cgroup_id = ev.parent_pid, ev.comm, ev.cgroup_id
-        child.start_ts = ev.ts
+    # Fork, exec and exit are most of any trace: the process table is updated inline, and each
+    # returns the process it updated (the analyzer calls the last two directly).
 
-    def _exec(self, ev: Exec) -> None:
-        p = self.proc(ev.pid)
+    def add_fork(self, ev: Fork) -> Proc:
+        procs = self.procs
+        ppid = ev.parent_pid
+        parent = procs.get(ppid)
+        if parent is None:
+            self._new_proc(Proc(ppid, ev.comm, 0, ev.cgroup_id))
+        else:
+            procs.move_to_end(ppid)
+            if not parent.comm:
+                parent.comm, parent.cgroup_id = ev.comm, ev.cgroup_id
+        # a new process, even where its pid was used before
+        procs.pop(ev.child_pid, None)
+        return self._new_proc(Proc(ev.child_pid, ev.comm, ppid, ev.cgroup_id, ev.ts))
+
+    def add_exec(self, ev: Exec) -> Proc:
+        p = self.procs.get(ev.pid)
+        if p is None:
+            return self._new_proc(Proc(ev.pid, ev.comm, 0, ev.cgroup_id, ev.ts, ev.filename))
+        self.procs.move_to_end(ev.pid)
         p.comm, p.cgroup_id, p.filename = ev.comm, ev.cgroup_id, ev.filename
         if not p.start_ts:
             p.start_ts = ev.ts
+        return p
 
-    def _exit(self, ev: Exit) -> None:
-        p = self.proc(ev.pid)
+    def add_exit(self, ev: Exit) -> Proc:
+        p = self.procs.get(ev.pid)
+        if p is None:
+            return self._new_proc(Proc(ev.pid, ev.comm, ev.ppid, ev.cgroup_id, ev.start_ns))
+        self.procs.move_to_end(ev.pid)
         p.comm, p.ppid, p.cgroup_id = ev.comm, ev.ppid, ev.cgroup_id
-        p.start_ts = p.start_ts or ev.start_ns
+        if not p.start_ts:
+            p.start_ts = ev.start_ns
+        return p
 
     def forget_pid(self, pid: int, until: int) -> None:
         """Drop a pid's evidence up to ``until`` (its exit): what came later belongs to the

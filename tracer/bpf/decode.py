@@ -25,7 +25,6 @@ from tracer.events import (
     OomKill,
     ReclaimStall,
     Signal,
-    positional_builder,
 )
 
 
@@ -42,7 +41,6 @@ _OOM = layout.struct_of(layout.WrOom)
 _FORK = layout.struct_of(layout.WrFork)
 _EXEC = layout.struct_of(layout.WrExec)
 _STALL = layout.struct_of(layout.WrStall)
-_BUILD_EXIT = positional_builder(Exit)
 _RUNGS = layout.RUNG_NAMES
 _MKDIR = layout.struct_of(layout.WrCgroupMkdir)
 _GPU_ALLOC = layout.struct_of(layout.WrGpuAlloc)
@@ -111,9 +109,7 @@ class Decoder:
     def _exit(raw: bytes) -> Event:
         # the hottest record under exit storms: built positionally (Exit's field order)
         (_, _, rung, _, ts, _pid, tgid, cg, comm, code, ppid, start) = _EXIT.unpack_from(raw)
-        return _BUILD_EXIT(
-            ts, tgid, ppid, _str(comm), cg, code, start, _RUNGS.get(rung) or str(rung)
-        )
+        return Exit(ts, tgid, ppid, _str(comm), cg, code, start, _RUNGS.get(rung) or str(rung))
 
     @staticmethod
     def _signal(raw: bytes) -> Event:
