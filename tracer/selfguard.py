@@ -6,8 +6,8 @@ down, nor the one the OOM killer spares the workload for.
   memory the tracer should still be killable rather than wedge the machine);
 * its data size is capped with RLIMIT_DATA (heap and private mappings, kernel 4.7+), so a bug
   or an event flood ends the recording with a MemoryError (and a trace footer) instead of
-  growing without bound. The normal footprint is 35-50 MB (the 4 MiB ring buffer, mapped twice,
-  is 8 MB of it);
+  growing without bound. The normal footprint is 30-45 MB (the 2 MiB ring buffer, mapped twice,
+  is 4 MB of it);
 * ``trim_heap`` hands freed heap back to the kernel (glibc ``malloc_trim``): loading the BPF
   object makes libbpf parse the kernel's whole BTF (about 11 MB here) and free it again, and
   glibc keeps freed heap mapped unless asked; called after start-up and once a minute.

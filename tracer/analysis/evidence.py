@@ -211,9 +211,14 @@ class Evidence:
             procs.move_to_end(ppid)
             if not parent.comm:
                 parent.comm, parent.cgroup_id = ev.comm, ev.cgroup_id
-        # a new process, even where its pid was used before
-        procs.pop(ev.child_pid, None)
-        return self._new_proc(Proc(ev.child_pid, ev.comm, ppid, ev.cgroup_id, ev.ts))
+        # a new process, even where its pid was used before (_new_proc, inlined: hot)
+        child = ev.child_pid
+        procs.pop(child, None)
+        p = procs[child] = Proc(child, ev.comm, ppid, ev.cgroup_id, ev.ts)
+        if len(procs) > MAX_PIDS:
+            procs.popitem(last=False)
+            self.evicted += 1
+        return p
 
     def add_exec(self, ev: Exec) -> Proc:
         p = self.procs.get(ev.pid)

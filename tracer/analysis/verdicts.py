@@ -241,11 +241,20 @@ class Analyzer:
 
     def _on_exec(self, ev: Exec) -> None:
         proc = self._store_exec(ev)
-        if not ev.comm.startswith(PLUMBING):  # (senders.is_runtime_plumbing, inlined: hot)
-            # a process starts being what it is (and which unit it belongs to) at exec
-            self._units.pop(ev.pid, None)
-            self._first.setdefault(ev.cgroup_id, ev.pid)
-            self._note_start(ev.pid, proc, ev.ts)
+        if ev.comm.startswith(PLUMBING):  # (senders.is_runtime_plumbing, inlined: hot)
+            return
+        # a process starts being what it is (and which unit it belongs to) at exec
+        pid = ev.pid
+        self._units.pop(pid, None)
+        self._first.setdefault(ev.cgroup_id, pid)
+        unit = self._unit(pid, proc)
+        if unit is None or not self._is_main(pid, proc, unit):
+            return
+        # a unit's new main process: a restart, when the last one ended
+        ended = self._ended.pop(unit.key, None)
+        if ended is not None and ended[0] != pid:
+            old_pid, old_ts = ended
+            self._links.append((ev.ts, unit.label, old_pid, pid, ev.ts - old_ts))
 
     def _on_unit_info(self, ev: UnitInfo) -> None:
         self._store[UnitInfo](ev)
@@ -264,11 +273,14 @@ class Analyzer:
 
     def _on_exit(self, ev: Exit) -> None:
         proc = self._store_exit(ev)
+        # (from here its unit travels with the pending exit: the cache keeps live processes, and
+        # a storm's 10,000 exits a second waiting to be judged do not hold a dict of their own)
+        unit = self._units.pop(ev.pid, _UNSET)
         if ev.status == 0 and ev.comm.startswith(PLUMBING):
             return  # a container runtime's own setup processes ending normally are not judged
-        unit = self._units.get(ev.pid, _UNSET)
         if unit is _UNSET:
             unit = self._unit(ev.pid, proc)
+            del self._units[ev.pid]
         main = self._is_main(ev.pid, proc, unit)
         self._pending.append((ev, unit, main))
         # (a command tree is not restarted by anyone: no need to remember its end)
@@ -288,7 +300,7 @@ class Analyzer:
         if len(due) > 1:
             due.sort(key=_exit_order)
         out: list[Verdict] = []
-        checks, units, ev = self._checks, self._units, self.ev
+        checks, ev = self._checks, self.ev
         for ex, unit, main in due:
             pid = ex.pid
             if pid in checks:
@@ -301,7 +313,6 @@ class Analyzer:
                 out.append(v)
             if pid in ev.by_pid or pid in ev.gpu.by_pid:
                 ev.forget_pid(pid, ex.ts)
-            units.pop(pid, None)
         return out
 
     def _keep(self, v: Verdict) -> None:
@@ -362,17 +373,10 @@ class Analyzer:
                 parent = procs.get(parent.ppid)
         if parent is None:
             return True
-        theirs = self._unit(parent.pid, parent)
+        theirs = self._units.get(parent.pid, _UNSET)  # (the cache of _unit, inlined: hot)
+        if theirs is _UNSET:
+            theirs = self._unit(parent.pid, parent)
         return theirs is not unit and theirs != unit
-
-    def _note_start(self, pid: int, proc: Proc, ts: int) -> None:
-        unit = self._unit(pid, proc)
-        if unit is None or not self._is_main(pid, proc, unit):
-            return
-        ended = self._ended.pop(unit.key, None)
-        if ended is not None and ended[0] != pid:
-            old_pid, old_ts = ended
-            self._links.append((ts, unit.label, old_pid, pid, ts - old_ts))
 
     # -- judging ----------------------------------------------------------------------------
 
@@ -381,12 +385,13 @@ class Analyzer:
         verdict (``every_verdict``): then it is only counted."""
         restartable = main and unit is not None and unit.kind != "command"
         found = self.ev.by_pid.get(ex.pid)
+        gpu = self.ev.gpu
         if not self.every_verdict:
             if (
                 ex.status == 0
                 and found is None
                 and (self._clean_kept >= MAX_CLEAN_KEPT or len(self.verdicts) >= MAX_KEPT)
-                and not self._gpu_seen()
+                and not (gpu.by_pid or gpu.xids or gpu.lost)  # (_gpu_seen, inlined: hot)
             ):
                 # the common case by far: exited with 0, nothing else known about it, so an
                 # app_exit that _keep would not keep

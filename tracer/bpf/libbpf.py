@@ -384,7 +384,7 @@ class BpfObject:
 
 # Records handed over per drain at most, and the callback's "stop here" (any negative number
 # libbpf passes back; one that no syscall of the ring buffer returns).
-BATCH_MAX = 16384
+BATCH_MAX = 4096
 _BATCH_FULL = -errno.E2BIG
 
 

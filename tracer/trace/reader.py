@@ -81,14 +81,14 @@ def _has_huge_int(part: bytes) -> bool:
     return digits.find(_HUGE_POSITIVE) >= 0 or digits.find(_HUGE_NEGATIVE) >= 0
 
 
-def _has_long_line(part: bytes, limit: int) -> bool:
-    """Whether some line of ``part`` is longer than ``limit`` bytes, without splitting it: a
-    line that long spans one of the offsets that are multiples of ``limit // 2``."""
+def _has_long_line(data: bytes, end: int, limit: int) -> bool:
+    """Whether some line of ``data[:end]`` is longer than ``limit`` bytes, without splitting
+    it: a line that long spans one of the offsets that are multiples of ``limit // 2``."""
     step = max(limit // 2, 1)
-    for at in range(step, len(part), step):
-        start = part.rfind(b"\n", 0, at) + 1
-        end = part.find(b"\n", at)
-        if (len(part) if end < 0 else end) - start > limit:
+    for at in range(step, end, step):
+        start = data.rfind(b"\n", 0, at) + 1
+        stop = data.find(b"\n", at, end)
+        if (end if stop < 0 else stop) - start > limit:
             return True
     return False
 
@@ -423,10 +423,11 @@ class TraceReader:
                 self._consumed += len(block)
                 data = rem + block if rem else block
                 cut = data.rfind(b"\n") + 1
-                part, rem = data[:cut], data[cut:]
-                if part:
-                    events = self._fast_block(part)
+                rem = data[cut:]
+                if cut:
+                    events = self._fast_block(data, cut)
                     if events is None:
+                        part = data[:cut]
                         events = []
                         try:
                             events.extend(self._slow_block(part, lineno))
@@ -451,22 +452,28 @@ class TraceReader:
         finally:
             self._file.close()
 
-    def _fast_block(self, part: bytes) -> list[Event] | None:
-        """Every line of ``part`` (whole lines, each ending in a newline) as an event, decoded
-        in one call: the lines joined by commas into a JSON array. None when anything in the
+    def _fast_block(self, data: bytes, cut: int) -> list[Event] | None:
+        """Every line of ``data[:cut]`` (whole lines, each ending in a newline) as an event,
+        decoded in one call: the lines joined by commas into a JSON array. None when anything in the
         block needs a closer look (the footer, damage, a line too long, a huge integer), and
         the block is then read line by line. A line holding two records, or none, or one that
         starts with anything but a record's "{", cannot slip through: the array must hold one
         event per line that starts with "{" (counting those is 3x faster than counting lines)."""
-        if self.footer is not None or (
-            len(part) > MAX_LINE_BYTES and _has_long_line(part, MAX_LINE_BYTES)
+        if (
+            self.footer is not None
+            or data[0] != 0x7B
+            or (cut > MAX_LINE_BYTES and _has_long_line(data, cut, MAX_LINE_BYTES))
         ):
             return None
+        # (two copies of the block, not six: ``data`` past ``cut`` holds no newline)
+        commas = data.replace(b"\n", b",")
         try:
-            events: list[Event] = _decode_block(b"[" + part[:-1].replace(b"\n", b",") + b"]")
+            events: list[Event] = _decode_block(
+                b"".join((b"[", memoryview(commas)[: cut - 1], b"]"))
+            )
         except (msgspec.DecodeError, msgspec.ValidationError):
             return None
-        if part[0] != 0x7B or len(events) != part.count(b"\n{") + 1 or _has_huge_int(part):
+        if len(events) != data.count(b"\n{", 0, cut) + 1 or _has_huge_int(commas):
             return None
         return events
 
