@@ -429,6 +429,14 @@ def test_unread_verdicts_are_counted_not_built_with_the_same_outcome() -> None:
     assert lean.not_kept == every.not_kept > 0
     assert lean.restarts == every.restarts and len(lean.restarts) >= 3
     assert {r.cause for r in lean.restarts} == {"app_exit"}
+    # feed_all (replay's loop) and feed (the recorder's, one event at a time) agree
+    batch = Analyzer(every_verdict=False)
+    batch.feed_all(events)
+    assert (batch.verdicts, batch.not_kept, batch.restarts) == (
+        lean.verdicts,
+        lean.not_kept,
+        lean.restarts,
+    )
 
 
 def test_a_long_lived_parent_outlives_the_process_table_churn() -> None:

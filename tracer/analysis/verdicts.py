@@ -219,20 +219,22 @@ class Analyzer:
         pending = self._pending
         judge_due = self._judge_due
         out: list[Verdict] = []
-        now = self._now
         settle = SETTLE_NS
         prune_at = self._pruned + SECOND
+        horizon = self._now - settle
         for ev in events:
-            if ev.ts > now:
-                now = self._now = ev.ts
+            ts = ev.ts
+            if ts > self._now:
+                self._now = ts
+                horizon = ts - settle
             on = on_get(type(ev))
             if on is not None:
                 on(ev)
-            if pending and pending[0][0].ts <= now - settle:
-                out += judge_due(now - settle)
-            if now - settle >= prune_at:
-                self._prune(now - settle)
-                prune_at = now - settle + SECOND
+            if pending and pending[0][0].ts <= horizon:
+                out += judge_due(horizon)
+            if horizon >= prune_at:  # (after judging: what the due exits look at stays)
+                self._prune(horizon)
+                prune_at = horizon + SECOND
         return out + self.finish()
 
     def _prune(self, horizon: int) -> None:
@@ -279,8 +281,7 @@ class Analyzer:
         if ev.status == 0 and ev.comm.startswith(PLUMBING):
             return  # a container runtime's own setup processes ending normally are not judged
         if unit is _UNSET:
-            unit = self._unit(ev.pid, proc)
-            del self._units[ev.pid]
+            unit = self._find_unit(ev.pid, proc, 0)
         main = self._is_main(ev.pid, proc, unit)
         self._pending.append((ev, unit, main))
         # (a command tree is not restarted by anyone: no need to remember its end)
@@ -301,11 +302,26 @@ class Analyzer:
             due.sort(key=_exit_order)
         out: list[Verdict] = []
         checks, ev = self._checks, self.ev
+        by_pid, gpu = ev.by_pid, ev.gpu
+        # Without every_verdict, past the keep caps and with no GPU evidence in the recording,
+        # an exit with status 0 and nothing else known about it is an app_exit that _keep would
+        # not keep: it is only counted, without being judged (a busy host's --all trace is
+        # mostly that, and a replay of one a million events long).
+        lean = (
+            not self.every_verdict
+            and (self._clean_kept >= MAX_CLEAN_KEPT or len(self.verdicts) >= MAX_KEPT)
+            and not (gpu.by_pid or gpu.xids or gpu.lost)
+        )
         for ex, unit, main in due:
             pid = ex.pid
             if pid in checks:
                 # a runtime's exec health check: a probe sample already, not a unit's process
                 checks.discard(pid)
+                continue
+            if lean and ex.status == 0 and pid not in by_pid:
+                if main and unit is not None and unit.kind != "command":
+                    self._cause[pid] = APP_EXIT  # a restart may name it
+                self.not_kept += 1
                 continue
             v = self._judge(ex, unit, main)
             if v is not None:
@@ -330,10 +346,15 @@ class Analyzer:
 
     def _unit(self, pid: int, proc: Proc, depth: int = 0) -> UnitName | None:
         """A container or systemd unit by cgroup; else a program under a process supervisor;
-        else whatever its parent belongs to; at the top, the recorded command itself."""
+        else whatever its parent belongs to; at the top, the recorded command itself.
+        Cached per pid until the process execs or exits."""
         known = self._units.get(pid, _UNSET)
         if known is not _UNSET:
             return known
+        unit = self._units[pid] = self._find_unit(pid, proc, depth)
+        return unit
+
+    def _find_unit(self, pid: int, proc: Proc, depth: int) -> UnitName | None:
         unit = self._cgroup_units.get(proc.cgroup_id, _UNSET)
         if unit is _UNSET:
             info = self.ev.units.get(proc.cgroup_id)
@@ -351,7 +372,6 @@ class Analyzer:
                 unit = self._unit(parent.pid, parent, depth + 1)
             else:
                 unit = UnitName("command", str(pid), f"{proc.comm or '?'} (pid {pid})")
-        self._units[pid] = unit
         return unit
 
     def _is_main(self, pid: int, proc: Proc, unit: UnitName | None) -> bool:
@@ -385,23 +405,9 @@ class Analyzer:
         verdict (``every_verdict``): then it is only counted."""
         restartable = main and unit is not None and unit.kind != "command"
         found = self.ev.by_pid.get(ex.pid)
-        gpu = self.ev.gpu
-        if not self.every_verdict:
-            if (
-                ex.status == 0
-                and found is None
-                and (self._clean_kept >= MAX_CLEAN_KEPT or len(self.verdicts) >= MAX_KEPT)
-                and not (gpu.by_pid or gpu.xids or gpu.lost)  # (_gpu_seen, inlined: hot)
-            ):
-                # the common case by far: exited with 0, nothing else known about it, so an
-                # app_exit that _keep would not keep
-                if restartable:
-                    self._cause[ex.pid] = APP_EXIT  # a restart may name it
-                self.not_kept += 1
-                return None
-            if not restartable and len(self.verdicts) >= MAX_KEPT:
-                self.not_kept += 1  # (nothing is kept any more, and no restart will name it)
-                return None
+        if not self.every_verdict and not restartable and len(self.verdicts) >= MAX_KEPT:
+            self.not_kept += 1  # (nothing is kept any more, and no restart will name it)
+            return None
         pe = found or PidEvidence()
         since = max(ex.start_ns, ex.ts - HISTORY_NS)
         end = ex.ts + SETTLE_NS
