@@ -39,8 +39,6 @@ from tracer.runtimes import RestartCountPoller, Runtime, detect
 from tracer.runtimes.base import ContainerInfo
 from tracer.sources.probes import Prober, ProbeSpec
 
-CONTAINER_KINDS = ("podman", "docker", "containerd", "crio", "k8s")
-
 
 @dataclass
 class Followed:
@@ -157,7 +155,7 @@ class Follower:
             return None
         unit = unit_names.unit_of_cgroup(path)
         info: UnitInfo | None = None
-        if unit is not None and unit.kind in CONTAINER_KINDS:
+        if unit is not None and unit.kind in unit_names.CONTAINER_KINDS:
             found = self._lookup(unit.key)
             name = found.name if found else ""
             pod = _pod(found) if found else ""
@@ -254,7 +252,7 @@ class Follower:
 
     def _owner_of_path(self, path: str) -> Followed | None:
         unit = unit_names.unit_of_cgroup(path)
-        if unit is None or unit.kind not in CONTAINER_KINDS:
+        if unit is None or unit.kind not in unit_names.CONTAINER_KINDS:
             return None
         for f in self.followed:
             if unit.key == f.info.id:

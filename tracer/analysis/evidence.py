@@ -121,17 +121,10 @@ class Evidence:
     def cgroup(self, cgroup_id: int) -> CgroupEvidence:
         return self._get(self.by_cgroup, cgroup_id, CgroupEvidence, MAX_CGROUPS)
 
-    def proc(self, pid: int) -> Proc:
-        p = self.procs.get(pid)
-        if p is None:
-            p = self._new_proc(Proc(pid))
-        else:
-            # least recently seen goes first: a long-lived server that keeps forking must not
-            # be pushed out by its own short-lived children
-            self.procs.move_to_end(pid)
-        return p
-
     def _new_proc(self, p: Proc) -> Proc:
+        """Add a process to the table; when full, the least recently seen goes (a long-lived
+        server that keeps forking must not be pushed out by its own short-lived children: the
+        add_* methods move a process they see again to the end)."""
         procs = self.procs
         procs[p.pid] = p
         if len(procs) > MAX_PIDS:

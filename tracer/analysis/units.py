@@ -32,6 +32,10 @@ _PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
 )
 
 
+# Units that are containers: their main process is the first program started in the cgroup.
+CONTAINER_KINDS = frozenset(("podman", "docker", "containerd", "crio", "k8s"))
+
+
 @dataclass(frozen=True, slots=True)
 class UnitName:
     kind: str  # k8s, podman, docker, containerd, crio, systemd, cgroup, command

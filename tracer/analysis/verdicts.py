@@ -32,7 +32,7 @@ from tracer.analysis import senders, units
 from tracer.analysis.evidence import HISTORY_NS, Evidence, PidEvidence, Proc
 from tracer.analysis.quantities import fmt_bytes, fmt_duration
 from tracer.analysis.senders import PLUMBING
-from tracer.analysis.units import UnitName, unit_of_cgroup
+from tracer.analysis.units import CONTAINER_KINDS, UnitName, unit_of_cgroup
 from tracer.events import (
     SI_KERNEL,
     CgroupInfo,
@@ -47,8 +47,6 @@ from tracer.events import (
     UnitInfo,
     signal_name,
 )
-
-CONTAINER_KINDS = ("podman", "docker", "containerd", "crio", "k8s")
 
 CGROUP_OOM = "cgroup_oom"
 GLOBAL_OOM = "global_oom"
@@ -285,7 +283,7 @@ class Analyzer:
         main = self._is_main(ev.pid, proc, unit)
         self._pending.append((ev, unit, main))
         # (a command tree is not restarted by anyone: no need to remember its end)
-        if unit is not None and unit.kind != "command" and main:
+        if main and unit is not None and unit.kind != "command":
             self._ended[unit.key] = (ev.pid, ev.ts)
             if self._first.get(proc.cgroup_id) == ev.pid:
                 del self._first[proc.cgroup_id]  # the next program there is the new main
@@ -327,7 +325,7 @@ class Analyzer:
             if v is not None:
                 self._keep(v)
                 out.append(v)
-            if pid in ev.by_pid or pid in ev.gpu.by_pid:
+            if pid in by_pid or pid in gpu.by_pid:
                 ev.forget_pid(pid, ex.ts)
         return out
 

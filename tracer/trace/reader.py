@@ -62,7 +62,7 @@ _HEADER_START = b'{"t":"header"'  # how the writer (orjson, "t" first) starts ev
 # Decoding events fast
 
 # Events are msgspec Structs tagged by their kind ("t"): one decoder turns a whole block of lines,
-# joined into a JSON array, into typed, validated events in C (see `TraceReader._scan`).
+# joined into a JSON array, into typed, validated events in C (`TraceReader._fast_block`).
 _EVENT = Union[tuple(KINDS.values())]  # type: ignore[valid-type]  # noqa: UP007
 _decode_block = msgspec.json.Decoder(list[_EVENT]).decode  # type: ignore[valid-type]
 _decode_line = msgspec.json.Decoder(_EVENT).decode
