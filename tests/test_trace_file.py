@@ -19,6 +19,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
 import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -64,7 +65,7 @@ from tracer.trace.format import (
     TraceFooter,
     TraceHeader,
 )
-from tracer.trace.reader import TraceReader, _decode_block, _decode_line, read_trace
+from tracer.trace.reader import READ_BLOCK, TraceReader, _decode_block, _decode_line, read_trace
 from tracer.trace.writer import TraceWriter
 
 HAVE_ZSTD = importlib.util.find_spec("zstandard") is not None
@@ -817,6 +818,16 @@ def trace_with_line(tmp_path: Path, bad: bytes, at: int = 3) -> Path:
         (b'{"t":"footer","ended_ns":1}', "line 3: malformed footer"),
         (b'{"t":"lost","ts":1,"count":1,"pad":"' + b"x" * MAX_LINE_BYTES + b'"}',
          "line 3: line longer than 1 MiB"),
+        # what a block decoded as one JSON array (lines joined by commas) must not let through
+        (b'{"t":"lost","ts":1,"count":1},{"t":"lost","ts":2,"count":1}', "line 3: not JSON"),
+        (b'{"t":"lost","ts":1,"count":1}{"t":"lost","ts":2,"count":1}', "line 3: not JSON"),
+        (b'{"t":"cg_sample","ts":1,"events":{"a":1\n"b":2}}', "line 3: not JSON"),
+        (b"   ", "line 3: not JSON"),
+        (b'{"t":"cg_sample","ts":1,"cgroup_id":1,"path":"/","usage_bytes":1,"limit_bytes":null,'
+         b'"high_bytes":null,"peak_bytes":null,"failcnt":null,"events":{"oom_kill":1.5},'
+         b'"stat":{},"psi_some_avg10":null,"psi_full_avg10":null,"psi_some_total_us":null,'
+         b'"psi_full_total_us":null}',
+         "line 3: malformed cg_sample record"),
     ],
 )  # fmt: skip
 def test_damage_in_the_middle_names_the_line(tmp_path: Path, bad: bytes, message: str) -> None:
@@ -825,6 +836,38 @@ def test_damage_in_the_middle_names_the_line(tmp_path: Path, bad: bytes, message
         read_all(path)
     assert str(path) in str(info.value)
     assert info.value.fix is not None
+
+
+def _many(n: int) -> list[Event]:
+    """n events of every kind, in time order: several 1 MiB blocks of trace."""
+    return [
+        msgspec.structs.replace(SAMPLES[i % len(SAMPLES)], ts=12_000_000_000 + i) for i in range(n)
+    ]
+
+
+def test_a_trace_of_many_blocks_reads_back_whole(tmp_path: Path) -> None:
+    events = _many(40_000)
+    path = tmp_path / "t.trace"
+    write_trace(path, events)
+    assert path.stat().st_size > 3 * READ_BLOCK  # (the block-at-once path, several times)
+    got, reader = read_all(path)
+    assert got == events
+    assert [type(e) for e in got] == [type(e) for e in events]
+    assert reader.footer is not None and reader.counts == reader.footer.counts
+    assert reader.warnings == []
+
+
+def test_damage_deep_in_a_long_trace_names_its_line(tmp_path: Path) -> None:
+    events = _many(40_000)
+    path = tmp_path / "t.trace"
+    write_trace(path, events)
+    lines = path.read_bytes().split(b"\n")
+    lines[30_001] = b"garbage"  # line 30,002: header, then 30,000 events, then this
+    path.write_bytes(b"\n".join(lines))
+    seen: list[Event] = []
+    with pytest.raises(TraceFileError, match="line 30002: not JSON"):
+        seen.extend(TraceReader(path))
+    assert seen == events[:30_000]
 
 
 def test_damage_fix_says_how_to_salvage(tmp_path: Path) -> None:
