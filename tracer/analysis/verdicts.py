@@ -308,7 +308,7 @@ class Analyzer:
         lean = (
             not self.every_verdict
             and (self._clean_kept >= MAX_CLEAN_KEPT or len(self.verdicts) >= MAX_KEPT)
-            and not (gpu.by_pid or gpu.xids or gpu.lost)
+            and not self._gpu_seen()
         )
         for ex, unit, main in due:
             pid = ex.pid
