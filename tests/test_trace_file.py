@@ -811,6 +811,7 @@ def trace_with_line(tmp_path: Path, bad: bytes, at: int = 3) -> Path:
         (b'{"t":"lost","ts":1,"count":true}', "got boolean"),
         (b'{"t":"lost","ts":1.5,"count":1}', "lost field 'ts' must be an integer, got number"),
         (b'{"t":"lost","ts":18446744073709551616,"count":1}', "'ts' must be an integer"),
+        (b'{"t":"lost","ts":1,"count":-9223372036854775809}', "'count' must be an integer"),
         (b'{"t":"signal"}', "signal record lacks field 'ts'"),
         (b'{"t":"cgroup","ts":1,"cgroup_id":1,"path":"/","hierarchy":"x","limit_bytes":"1"}',
          "'limit_bytes' must be an integer or null, got string"),
@@ -836,6 +837,18 @@ def test_damage_in_the_middle_names_the_line(tmp_path: Path, bad: bytes, message
         read_all(path)
     assert str(path) in str(info.value)
     assert info.value.fix is not None
+
+
+@pytest.mark.parametrize("value", [2**64 - 1, -(2**63), 10**19, -(10**18), 10**18, -(10**17)])
+def test_integers_at_the_edges_of_64_bits_read_back(tmp_path: Path, value: int) -> None:
+    """What orjson writes, the reader reads: on the slow path from 20 digits (or a minus and
+    19) on, on the block-at-once path below."""
+    events = [msgspec.structs.replace(e, ts=value) for e in SAMPLES]
+    path = tmp_path / "t.trace"
+    write_trace(path, events)
+    got, reader = read_all(path)
+    assert got == events
+    assert reader.warnings == []
 
 
 def _many(n: int) -> list[Event]:

@@ -381,6 +381,23 @@ def test_samples_delayed_within_their_interval_give_the_same_verdicts(ms: list[i
     assert _key(judge(*delayed)) == expected
 
 
+def test_an_exit_is_judged_in_the_first_round_a_settle_past_it() -> None:
+    """Late evidence may arrive for SETTLE_NS after an exit; verdicts are then reached in rounds
+    of stream time: never before the settle, at most a round (and an event) after it."""
+    from tracer.analysis.verdicts import ROUND_NS, SETTLE_NS
+
+    a = Analyzer()
+    assert a.feed(exit_code(1.0, 100, 3)) == []
+    reached_at = None
+    at = 1.0
+    while reached_at is None and at < 3.0:
+        at += 0.001
+        if a.feed(host(at, GiB)):
+            reached_at = t(at)
+    assert reached_at is not None
+    assert t(1.0) + SETTLE_NS <= reached_at <= t(1.0) + SETTLE_NS + ROUND_NS + t(0.001)
+
+
 def test_state_is_bounded() -> None:
     from tracer.analysis import evidence
 

@@ -17,14 +17,12 @@ from typing import Any, TypeVar
 import msgspec
 
 from tracer.analysis.gpu import GpuStore
+from tracer.analysis.units import UNSET, UnitName
 from tracer.events import (
     CgroupInfo,
     CgroupSample,
     EffectiveLimit,
     Event,
-    Exec,
-    Exit,
-    Fork,
     HostSample,
     KmsgOom,
     OomKill,
@@ -56,6 +54,9 @@ class Proc(msgspec.Struct, gc=False):
     cgroup_id: int = 0
     start_ts: int = 0
     filename: str = ""
+    # the unit it belongs to, once the analyzer has worked it out (UNSET again at exec: a
+    # process becomes what it runs); it lives and is evicted with the process
+    unit: UnitName | None = UNSET
 
 
 @dataclass
@@ -99,7 +100,7 @@ class Evidence:
         self.runtime: dict[str, list[RuntimeSample]] = {}  # unit label -> samples
         self.gpu = GpuStore()  # GPU events: tracer/analysis/gpu.py
         self.evicted = 0
-        # what ``add`` does with each kind of event (the analyzer calls these directly)
+        # what the store does with each kind of event it keeps (the analyzer calls these)
         self.intake = self._dispatch()
 
     # -- bounded maps -----------------------------------------------------------------------
@@ -121,10 +122,12 @@ class Evidence:
     def cgroup(self, cgroup_id: int) -> CgroupEvidence:
         return self._get(self.by_cgroup, cgroup_id, CgroupEvidence, MAX_CGROUPS)
 
-    def _new_proc(self, p: Proc) -> Proc:
+    def new_proc(self, p: Proc) -> Proc:
         """Add a process to the table; when full, the least recently seen goes (a long-lived
         server that keeps forking must not be pushed out by its own short-lived children: the
-        add_* methods move a process they see again to the end)."""
+        analyzer moves a process it sees again to the end). The analyzer keeps the table up to
+        date from fork, exec and exit events itself: they are most of any trace, and its loop
+        does it inline (tracer/analysis/verdicts.py, ``Analyzer._feed``)."""
         procs = self.procs
         procs[p.pid] = p
         if len(procs) > MAX_PIDS:
@@ -133,13 +136,6 @@ class Evidence:
         return p
 
     # -- intake -----------------------------------------------------------------------------
-
-    def add(self, ev: Event) -> None:
-        # one dict lookup on the event's type: the hot kinds (fork, exec, exit) come last in
-        # any isinstance chain, and a replay feeds a million of them
-        keep = self.intake.get(type(ev))
-        if keep is not None:
-            keep(ev)
 
     def _dispatch(self) -> dict[type[Event], Callable[[Any], object]]:
         table: dict[type[Event], Callable[[Any], object]] = {
@@ -155,9 +151,6 @@ class Evidence:
             UnitInfo: lambda e: self.units.__setitem__(e.cgroup_id, e),
             ProbeSample: self.probes.append,
             RuntimeSample: lambda e: self.runtime.setdefault(e.unit, []).append(e),
-            Fork: self.add_fork,
-            Exec: self.add_exec,
-            Exit: self.add_exit,
         }
         for kind in GpuStore.KINDS:
             table[kind] = self.gpu.add
@@ -190,48 +183,6 @@ class Evidence:
 
     def _effective_limit(self, ev: EffectiveLimit) -> None:
         self.cgroup(ev.cgroup_id).limit = ev
-
-    # Fork, exec and exit are most of any trace: the process table is updated inline, and each
-    # returns the process it updated (the analyzer calls the last two directly).
-
-    def add_fork(self, ev: Fork) -> Proc:
-        procs = self.procs
-        ppid = ev.parent_pid
-        parent = procs.get(ppid)
-        if parent is None:
-            self._new_proc(Proc(ppid, ev.comm, 0, ev.cgroup_id))
-        else:
-            procs.move_to_end(ppid)
-            if not parent.comm:
-                parent.comm, parent.cgroup_id = ev.comm, ev.cgroup_id
-        # a new process, even where its pid was used before (_new_proc, inlined: hot)
-        child = ev.child_pid
-        procs.pop(child, None)
-        p = procs[child] = Proc(child, ev.comm, ppid, ev.cgroup_id, ev.ts)
-        if len(procs) > MAX_PIDS:
-            procs.popitem(last=False)
-            self.evicted += 1
-        return p
-
-    def add_exec(self, ev: Exec) -> Proc:
-        p = self.procs.get(ev.pid)
-        if p is None:
-            return self._new_proc(Proc(ev.pid, ev.comm, 0, ev.cgroup_id, ev.ts, ev.filename))
-        self.procs.move_to_end(ev.pid)
-        p.comm, p.cgroup_id, p.filename = ev.comm, ev.cgroup_id, ev.filename
-        if not p.start_ts:
-            p.start_ts = ev.ts
-        return p
-
-    def add_exit(self, ev: Exit) -> Proc:
-        p = self.procs.get(ev.pid)
-        if p is None:
-            return self._new_proc(Proc(ev.pid, ev.comm, ev.ppid, ev.cgroup_id, ev.start_ns))
-        self.procs.move_to_end(ev.pid)
-        p.comm, p.ppid, p.cgroup_id = ev.comm, ev.ppid, ev.cgroup_id
-        if not p.start_ts:
-            p.start_ts = ev.start_ns
-        return p
 
     def forget_pid(self, pid: int, until: int) -> None:
         """Drop a pid's evidence up to ``until`` (its exit): what came later belongs to the

@@ -46,6 +46,10 @@ class UnitName:
         return self.label
 
 
+# "not worked out yet" (compared by identity), where None is an answer: no unit
+UNSET: UnitName = UnitName("", "", "")
+
+
 def unit_of_cgroup(path: str | None) -> UnitName | None:
     """The unit a memory-cgroup path belongs to, or None for the root / unknown paths."""
     if not path or path == "/":

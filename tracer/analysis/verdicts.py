@@ -21,18 +21,19 @@ come after the kernel OOM rule and before the signal rule; they live in
 from __future__ import annotations
 
 import functools
+import operator
 import signal as _signal
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any
 
 from tracer.analysis import gpu as gpu_rules
 from tracer.analysis import senders, units
-from tracer.analysis.evidence import HISTORY_NS, Evidence, PidEvidence, Proc
+from tracer.analysis.evidence import HISTORY_NS, MAX_PIDS, Evidence, PidEvidence, Proc
 from tracer.analysis.quantities import fmt_bytes, fmt_duration
 from tracer.analysis.senders import PLUMBING
-from tracer.analysis.units import CONTAINER_KINDS, UnitName, unit_of_cgroup
+from tracer.analysis.units import CONTAINER_KINDS, UNSET, UnitName, unit_of_cgroup
 from tracer.events import (
     SI_KERNEL,
     CgroupInfo,
@@ -40,6 +41,7 @@ from tracer.events import (
     Event,
     Exec,
     Exit,
+    Fork,
     KmsgOom,
     OomKill,
     ProbeSample,
@@ -59,13 +61,11 @@ UNKNOWN = "unknown"
 
 HIGH, MEDIUM, LOW = "high", "medium", "low"
 
-# "not cached yet" (compared by identity), where None is a cached answer
-_UNSET: Final[UnitName] = UnitName("", "", "")
-
 SECOND = 1_000_000_000
 MAX_CLEAN_KEPT = 2000
 MAX_KEPT = 5000
 SETTLE_NS = 1 * SECOND  # how long after an exit late evidence may still arrive
+ROUND_NS = SECOND // 20  # exits are judged, and old evidence dropped, in rounds this far apart
 ALLOC_FAIL_WINDOW_NS = 10 * SECOND  # "an allocation failure preceded" the exit
 HEADROOM = 0.15
 
@@ -145,11 +145,10 @@ class Analyzer:
         self.verdicts: list[Verdict] = []
         # exits waiting to be judged, with their unit and whether they were its main process
         # (decided at the exit, before a successor runs)
-        self._pending: deque[tuple[Exit, UnitName | None, bool]] = deque()
+        self._pending: deque[_Pending] = deque()
         self._pruned = 0
         self._clean_kept = 0
         self.not_kept = 0  # verdicts judged but not kept in self.verdicts (over the caps)
-        self._units: dict[int, UnitName | None] = {}  # pid -> unit
         self._ended: dict[str, tuple[int, int]] = {}  # unit key -> (main pid, exit ts)
         self._links: list[tuple[int, str, int, int, int]] = []  # ts, unit, old, new, downtime
         self._cause: dict[int, str] = {}  # pid -> cause of its last verdict
@@ -157,14 +156,14 @@ class Analyzer:
         self._first: dict[int, int] = {}  # container cgroup id -> its main process
         self._cgroup_units: dict[int, UnitName | None] = {}  # cgroup id -> unit_of_cgroup
         self._now = 0
-        self._store_exec, self._store_exit = self.ev.add_exec, self.ev.add_exit
+        self._next_round = 0  # stream time of the next round of judging
+        self._procs = self.ev.procs
         # one dispatch per event: the evidence store's intake, or a handler of ours that calls
-        # it first (a replay feeds a million events; a second lookup and call each is 10%)
+        # it first (a replay feeds a million events; a second lookup and call each is 10%);
+        # fork, exec and exit are handled in _feed itself
         self._store = store = self.ev.intake
         self._on: dict[type[Event], Callable[[Any], object]] = {
             **store,
-            Exec: self._on_exec,
-            Exit: self._on_exit,
             UnitInfo: self._on_unit_info,
             ProbeSample: self._on_probe,
             CgroupInfo: self._on_cgroup_info,
@@ -196,58 +195,109 @@ class Analyzer:
 
     def feed(self, ev: Event) -> list[Verdict]:
         """Take one event; returns the verdicts it made due (see ``every_verdict``)."""
-        if ev.ts > self._now:
-            self._now = ev.ts
-        on = self._on.get(type(ev))
-        if on is not None:
-            on(ev)
-        horizon = self._now - SETTLE_NS
-        pending = self._pending
-        # exits arrive in time order: only the oldest can be due (O(1) when none is)
-        out = self._judge_due(horizon) if pending and pending[0][0].ts <= horizon else []
-        if horizon - self._pruned >= SECOND:
-            self._prune(horizon)
-        return out
+        return self._feed((ev,))
 
     def feed_all(self, events: Iterable[Event]) -> list[Verdict]:
-        """``feed`` each event, then ``finish``; returns every verdict they made. The same steps
-        as ``feed``, in one loop: a replay of a million events saves a call and the attribute
-        lookups per event."""
+        """``feed`` each event, then ``finish``; returns every verdict they made."""
+        return self._feed(events) + self.finish()
+
+    def _feed(self, events: Iterable[Event]) -> list[Verdict]:
+        """The one loop every event goes through. Fork, exec and exit events are most of any
+        trace (a replay feeds a million of them): the process table is kept up to date here,
+        inline, and exits are queued for judging; other events go to their handler."""
         on_get = self._on.get
-        pending = self._pending
-        judge_due = self._judge_due
         out: list[Verdict] = []
-        settle = SETTLE_NS
-        prune_at = self._pruned + SECOND
-        horizon = self._now - settle
+        now, next_round = self._now, self._next_round
+        procs, new_proc = self._procs, self.ev.new_proc
+        pending, first, ended = self._pending, self._first, self._ended
+        find_unit, is_main = self._find_unit, self._is_main
+        evicted = 0
+        ev: Any  # (narrowed by ``cls is ...``, which mypy does not follow)
         for ev in events:
+            cls = type(ev)
+            if cls is Fork:
+                # a new process, even where its pid was used before; its parent was seen now
+                ppid = ev.parent_pid
+                parent = procs.get(ppid)
+                if parent is None:
+                    new_proc(Proc(ppid, ev.comm, 0, ev.cgroup_id))
+                else:
+                    procs.move_to_end(ppid)
+                    if not parent.comm:
+                        parent.comm, parent.cgroup_id = ev.comm, ev.cgroup_id
+                child = ev.child_pid
+                procs.pop(child, None)
+                procs[child] = Proc(child, ev.comm, ppid, ev.cgroup_id, ev.ts)
+                if len(procs) > MAX_PIDS:  # (new_proc, inlined)
+                    procs.popitem(last=False)
+                    evicted += 1
+            elif cls is Exit:
+                pid = ev.pid
+                proc = procs.get(pid)
+                if proc is None:
+                    proc = new_proc(Proc(pid, ev.comm, ev.ppid, ev.cgroup_id, ev.start_ns))
+                else:
+                    procs.move_to_end(pid)
+                    proc.comm, proc.ppid, proc.cgroup_id = ev.comm, ev.ppid, ev.cgroup_id
+                    if not proc.start_ts:
+                        proc.start_ts = ev.start_ns
+                # (a container runtime's own setup processes ending normally are not judged)
+                if ev.status != 0 or not ev.comm.startswith(PLUMBING):
+                    unit = proc.unit
+                    if unit is UNSET:
+                        unit = proc.unit = find_unit(proc)
+                    main = is_main(pid, proc, unit)
+                    pending.append((ev.ts, pid, ev, unit, main))
+                    # (a command tree is not restarted by anyone: no need to remember its end)
+                    if main and unit is not None and unit.kind != "command":
+                        ended[unit.key] = (pid, ev.ts)
+                        if first.get(proc.cgroup_id) == pid:
+                            del first[proc.cgroup_id]  # the next program there is the new main
+            elif cls is Exec:
+                # a process starts being what it is (and which unit it belongs to) at exec
+                pid = ev.pid
+                proc = procs.get(pid)
+                if proc is None:
+                    proc = new_proc(Proc(pid, ev.comm, 0, ev.cgroup_id, ev.ts, ev.filename))
+                else:
+                    procs.move_to_end(pid)
+                    proc.comm, proc.cgroup_id, proc.filename = ev.comm, ev.cgroup_id, ev.filename
+                    proc.unit = UNSET
+                    if not proc.start_ts:
+                        proc.start_ts = ev.ts
+                if not ev.comm.startswith(PLUMBING):  # (senders.is_runtime_plumbing, inlined)
+                    self._on_exec(ev, proc)
+            else:
+                on = on_get(cls)
+                if on is not None:
+                    on(ev)
             ts = ev.ts
-            if ts > self._now:
-                self._now = ts
-                horizon = ts - settle
-            on = on_get(type(ev))
-            if on is not None:
-                on(ev)
-            if pending and pending[0][0].ts <= horizon:
-                out += judge_due(horizon)
-            if horizon >= prune_at:  # (after judging: what the due exits look at stays)
-                self._prune(horizon)
-                prune_at = horizon + SECOND
-        return out + self.finish()
+            if ts > now:
+                now = ts
+                if ts >= next_round:
+                    out += self._round(ts)
+                    next_round = self._next_round
+        self._now = now
+        self.ev.evicted += evicted
+        return out
 
-    def _prune(self, horizon: int) -> None:
-        self.ev.prune(horizon)
-        self._pruned = horizon
+    def _round(self, now: int) -> list[Verdict]:
+        """Judge the exits the stream has moved SETTLE_NS past, then forget old evidence: in
+        rounds, every ROUND_NS of stream time (a replay judges a busy host's exits by the
+        hundred, not one at a time)."""
+        self._next_round = now + ROUND_NS
+        horizon = now - SETTLE_NS
+        pending = self._pending
+        out = self._judge_due(horizon) if pending and pending[0][0] <= horizon else []
+        if horizon - self._pruned >= SECOND:  # (after judging: what the due exits look at stays)
+            self.ev.prune(horizon)
+            self._pruned = horizon
+        return out
 
-    def _on_exec(self, ev: Exec) -> None:
-        proc = self._store_exec(ev)
-        if ev.comm.startswith(PLUMBING):  # (senders.is_runtime_plumbing, inlined: hot)
-            return
-        # a process starts being what it is (and which unit it belongs to) at exec
+    def _on_exec(self, ev: Exec, proc: Proc) -> None:
         pid = ev.pid
-        self._units.pop(pid, None)
         self._first.setdefault(ev.cgroup_id, pid)
-        unit = self._unit(pid, proc)
+        unit = proc.unit = self._find_unit(proc)
         if unit is None or not self._is_main(pid, proc, unit):
             return
         # a unit's new main process: a restart, when the last one ended
@@ -271,35 +321,23 @@ class Analyzer:
         self._store[CgroupInfo](ev)
         self._cgroup_units.pop(ev.cgroup_id, None)  # (a path learnt or changed)
 
-    def _on_exit(self, ev: Exit) -> None:
-        proc = self._store_exit(ev)
-        # (from here its unit travels with the pending exit: the cache keeps live processes, and
-        # a storm's 10,000 exits a second waiting to be judged do not hold a dict of their own)
-        unit = self._units.pop(ev.pid, _UNSET)
-        if ev.status == 0 and ev.comm.startswith(PLUMBING):
-            return  # a container runtime's own setup processes ending normally are not judged
-        if unit is _UNSET:
-            unit = self._find_unit(ev.pid, proc, 0)
-        main = self._is_main(ev.pid, proc, unit)
-        self._pending.append((ev, unit, main))
-        # (a command tree is not restarted by anyone: no need to remember its end)
-        if main and unit is not None and unit.kind != "command":
-            self._ended[unit.key] = (ev.pid, ev.ts)
-            if self._first.get(proc.cgroup_id) == ev.pid:
-                del self._first[proc.cgroup_id]  # the next program there is the new main
-
     def finish(self) -> list[Verdict]:
         return self._judge_due(None)
 
     def _judge_due(self, horizon: int | None) -> list[Verdict]:
+        """Judge the exits up to ``horizon`` (all of them at None), in time order."""
         pending = self._pending
-        due = [pending.popleft()] if pending else []
-        while pending and (horizon is None or pending[0][0].ts <= horizon):
-            due.append(pending.popleft())
-        if len(due) > 1:
-            due.sort(key=_exit_order)
+        if horizon is None:
+            due = list(pending)
+            pending.clear()
+        else:
+            due = []
+            take, popleft = due.append, pending.popleft
+            while pending and pending[0][0] <= horizon:
+                take(popleft())
+        due.sort(key=_exit_order)  # (they arrive nearly in order: linear then)
         out: list[Verdict] = []
-        checks, ev = self._checks, self.ev
+        checks, ev, cause = self._checks, self.ev, self._cause
         by_pid, gpu = ev.by_pid, ev.gpu
         # Without every_verdict, past the keep caps and with no GPU evidence in the recording,
         # an exit with status 0 and nothing else known about it is an app_exit that _keep would
@@ -310,16 +348,16 @@ class Analyzer:
             and (self._clean_kept >= MAX_CLEAN_KEPT or len(self.verdicts) >= MAX_KEPT)
             and not self._gpu_seen()
         )
-        for ex, unit, main in due:
-            pid = ex.pid
+        counted = 0
+        for _, pid, ex, unit, main in due:
             if pid in checks:
                 # a runtime's exec health check: a probe sample already, not a unit's process
                 checks.discard(pid)
                 continue
             if lean and ex.status == 0 and pid not in by_pid:
                 if main and unit is not None and unit.kind != "command":
-                    self._cause[pid] = APP_EXIT  # a restart may name it
-                self.not_kept += 1
+                    cause[pid] = APP_EXIT  # a restart may name it
+                counted += 1
                 continue
             v = self._judge(ex, unit, main)
             if v is not None:
@@ -327,6 +365,7 @@ class Analyzer:
                 out.append(v)
             if pid in by_pid or pid in gpu.by_pid:
                 ev.forget_pid(pid, ex.ts)
+        self.not_kept += counted
         return out
 
     def _keep(self, v: Verdict) -> None:
@@ -342,19 +381,18 @@ class Analyzer:
 
     # -- units and restarts -----------------------------------------------------------------
 
-    def _unit(self, pid: int, proc: Proc, depth: int = 0) -> UnitName | None:
-        """A container or systemd unit by cgroup; else a program under a process supervisor;
-        else whatever its parent belongs to; at the top, the recorded command itself.
-        Cached per pid until the process execs or exits."""
-        known = self._units.get(pid, _UNSET)
-        if known is not _UNSET:
-            return known
-        unit = self._units[pid] = self._find_unit(pid, proc, depth)
+    def _unit(self, proc: Proc, depth: int = 0) -> UnitName | None:
+        """``_find_unit``, kept on the process until it execs."""
+        unit = proc.unit
+        if unit is UNSET:
+            unit = proc.unit = self._find_unit(proc, depth)
         return unit
 
-    def _find_unit(self, pid: int, proc: Proc, depth: int) -> UnitName | None:
-        unit = self._cgroup_units.get(proc.cgroup_id, _UNSET)
-        if unit is _UNSET:
+    def _find_unit(self, proc: Proc, depth: int = 0) -> UnitName | None:
+        """A container or systemd unit by cgroup; else a program under a process supervisor;
+        else whatever its parent belongs to; at the top, the recorded command itself."""
+        unit = self._cgroup_units.get(proc.cgroup_id, UNSET)
+        if unit is UNSET:
             info = self.ev.units.get(proc.cgroup_id)
             unit = self._cgroup_units[proc.cgroup_id] = (
                 units.from_info(info.kind, info.unit_id, info.name, info.pod)
@@ -362,13 +400,14 @@ class Analyzer:
                 else unit_of_cgroup(self.ev.path(proc.cgroup_id))
             )
         if unit is None or unit.kind == "cgroup":
-            parent = self.ev.procs.get(proc.ppid)
+            parent = self._procs.get(proc.ppid)
             if parent is not None and proc.filename and senders.is_process_supervisor(parent.comm):
                 # a program run by supervisord & co.: its own unit, restarted by the supervisor
                 unit = units.supervised(parent.comm, parent.pid, proc.filename)
-            elif parent is not None and parent.pid != pid and depth < 64:
-                unit = self._unit(parent.pid, parent, depth + 1)
+            elif parent is not None and parent.pid != proc.pid and depth < 64:
+                unit = self._unit(parent, depth + 1)
             else:
+                pid = proc.pid
                 unit = UnitName("command", str(pid), f"{proc.comm or '?'} (pid {pid})")
         return unit
 
@@ -379,9 +418,11 @@ class Analyzer:
             # a container's main process is the first program started in its cgroup; later
             # ones came in through `exec` (health checks, debugging shells)
             return self._first[proc.cgroup_id] == pid
-        procs = self.ev.procs
+        procs = self._procs
         parent = procs.get(proc.ppid)
-        if parent is not None and parent.comm.startswith(PLUMBING):
+        if parent is None:
+            return True
+        if parent.comm.startswith(PLUMBING):
             # look through the runtime's setup processes to whoever started the container
             seen = {pid}
             while (
@@ -389,12 +430,14 @@ class Analyzer:
             ):
                 seen.add(parent.pid)
                 parent = procs.get(parent.ppid)
-        if parent is None:
-            return True
-        theirs = self._units.get(parent.pid, _UNSET)  # (the cache of _unit, inlined: hot)
-        if theirs is _UNSET:
-            theirs = self._unit(parent.pid, parent)
-        return theirs is not unit and theirs != unit
+            if parent is None:
+                return True
+        theirs = parent.unit  # (_unit, inlined: hot)
+        if theirs is unit:
+            return False
+        if theirs is UNSET:
+            theirs = parent.unit = self._find_unit(parent)
+        return theirs != unit
 
     # -- judging ----------------------------------------------------------------------------
 
@@ -984,8 +1027,10 @@ _SELF_INFLICTED = frozenset(
 )
 
 
-def _exit_order(pending: tuple[Exit, UnitName | None, bool]) -> tuple[int, int]:
-    return pending[0].ts, pending[0].pid
+# an exit waiting to be judged: its time and pid (the order exits are judged in), the exit, its
+# unit and whether it was the unit's main process (decided at the exit, before a successor ran)
+_Pending = tuple[int, int, Exit, UnitName | None, bool]
+_exit_order = operator.itemgetter(0, 1)
 
 
 def _replace(v: Verdict, **changes: Any) -> Verdict:
