@@ -155,7 +155,6 @@ class Analyzer:
         self._checks: set[int] = set()  # pids of exec health checks (ProbeSample.pid)
         self._first: dict[int, int] = {}  # container cgroup id -> its main process
         self._cgroup_units: dict[int, UnitName | None] = {}  # cgroup id -> unit_of_cgroup
-        self._now = 0
         self._next_round = 0  # stream time of the next round of judging
         self._procs = self.ev.procs
         # one dispatch per event: the evidence store's intake, or a handler of ours that calls
@@ -207,7 +206,7 @@ class Analyzer:
         inline, and exits are queued for judging; other events go to their handler."""
         on_get = self._on.get
         out: list[Verdict] = []
-        now, next_round = self._now, self._next_round
+        next_round = self._next_round
         procs, new_proc = self._procs, self.ev.new_proc
         pending, first, ended = self._pending, self._first, self._ended
         find_unit, is_main = self._find_unit, self._is_main
@@ -236,8 +235,7 @@ class Analyzer:
                 proc = procs.get(pid)
                 if proc is None:
                     proc = new_proc(Proc(pid, ev.comm, ev.ppid, ev.cgroup_id, ev.start_ns))
-                else:
-                    procs.move_to_end(pid)
+                else:  # (not moved up the table: an ended process goes before the live ones)
                     proc.comm, proc.ppid, proc.cgroup_id = ev.comm, ev.ppid, ev.cgroup_id
                     if not proc.start_ts:
                         proc.start_ts = ev.start_ns
@@ -246,7 +244,18 @@ class Analyzer:
                     unit = proc.unit
                     if unit is UNSET:
                         unit = proc.unit = find_unit(proc)
-                    main = is_main(pid, proc, unit)
+                    parent = procs.get(proc.ppid)
+                    # (_is_main's commonest answer, inline: a child of its unit's processes)
+                    if (
+                        parent is not None
+                        and parent.unit is unit
+                        and unit is not None
+                        and unit.kind not in CONTAINER_KINDS
+                        and not parent.comm.startswith(PLUMBING)
+                    ):
+                        main = False
+                    else:
+                        main = is_main(pid, proc, unit)
                     pending.append((ev.ts, pid, ev, unit, main))
                     # (a command tree is not restarted by anyone: no need to remember its end)
                     if main and unit is not None and unit.kind != "command":
@@ -266,18 +275,29 @@ class Analyzer:
                     if not proc.start_ts:
                         proc.start_ts = ev.ts
                 if not ev.comm.startswith(PLUMBING):  # (senders.is_runtime_plumbing, inlined)
-                    self._on_exec(ev, proc)
+                    first.setdefault(ev.cgroup_id, pid)
+                    unit = proc.unit = find_unit(proc)
+                    parent = procs.get(proc.ppid)
+                    if (
+                        unit is not None
+                        and not (  # (as at exit: a child of its unit's processes, inline)
+                            parent is not None
+                            and parent.unit is unit
+                            and unit.kind not in CONTAINER_KINDS
+                            and not parent.comm.startswith(PLUMBING)
+                        )
+                        and is_main(pid, proc, unit)
+                    ):
+                        self._new_main(ev, unit)
             else:
                 on = on_get(cls)
                 if on is not None:
                     on(ev)
-            ts = ev.ts
-            if ts > now:
-                now = ts
-                if ts >= next_round:
-                    out += self._round(ts)
-                    next_round = self._next_round
-        self._now = now
+            # (the stream is in time order, give or take: a round is due once it reaches the
+            # next round's time, which is always past every timestamp seen before)
+            if ev.ts >= next_round:
+                out += self._round(ev.ts)
+                next_round = self._next_round
         self.ev.evicted += evicted
         return out
 
@@ -294,13 +314,9 @@ class Analyzer:
             self._pruned = horizon
         return out
 
-    def _on_exec(self, ev: Exec, proc: Proc) -> None:
+    def _new_main(self, ev: Exec, unit: UnitName) -> None:
+        """A unit's new main process started: a restart, when the last one ended."""
         pid = ev.pid
-        self._first.setdefault(ev.cgroup_id, pid)
-        unit = proc.unit = self._find_unit(proc)
-        if unit is None or not self._is_main(pid, proc, unit):
-            return
-        # a unit's new main process: a restart, when the last one ended
         ended = self._ended.pop(unit.key, None)
         if ended is not None and ended[0] != pid:
             old_pid, old_ts = ended
@@ -339,13 +355,15 @@ class Analyzer:
         out: list[Verdict] = []
         checks, ev, cause = self._checks, self.ev, self._cause
         by_pid, gpu = ev.by_pid, ev.gpu
-        # Without every_verdict, past the keep caps and with no GPU evidence in the recording,
-        # an exit with status 0 and nothing else known about it is an app_exit that _keep would
-        # not keep: it is only counted, without being judged (a busy host's --all trace is
-        # mostly that, and a replay of one a million events long).
+        # Without every_verdict, verdicts that _keep would not keep are only counted, without
+        # being judged (a busy host's --all trace is mostly those, and a replay of one a million
+        # events long): past the keep caps and with no GPU evidence in the recording, an exit
+        # with status 0 and nothing else known about it (an app_exit); once MAX_KEPT are kept,
+        # any exit that no restart will name.
+        every, verdicts = self.every_verdict, self.verdicts
         lean = (
-            not self.every_verdict
-            and (self._clean_kept >= MAX_CLEAN_KEPT or len(self.verdicts) >= MAX_KEPT)
+            not every
+            and (self._clean_kept >= MAX_CLEAN_KEPT or len(verdicts) >= MAX_KEPT)
             and not self._gpu_seen()
         )
         counted = 0
@@ -354,13 +372,18 @@ class Analyzer:
                 # a runtime's exec health check: a probe sample already, not a unit's process
                 checks.discard(pid)
                 continue
+            restartable = main and unit is not None and unit.kind != "command"
             if lean and ex.status == 0 and pid not in by_pid:
-                if main and unit is not None and unit.kind != "command":
+                if restartable:
                     cause[pid] = APP_EXIT  # a restart may name it
                 counted += 1
                 continue
-            v = self._judge(ex, unit, main)
-            if v is not None:
+            if not every and not restartable and len(verdicts) >= MAX_KEPT:
+                counted += 1
+            else:
+                v = self._judge(ex, unit, main)
+                if restartable:
+                    cause[pid] = v.cause  # a restart may name it
                 self._keep(v)
                 out.append(v)
             if pid in by_pid or pid in gpu.by_pid:
@@ -441,15 +464,9 @@ class Analyzer:
 
     # -- judging ----------------------------------------------------------------------------
 
-    def _judge(self, ex: Exit, unit: UnitName | None, main: bool) -> Verdict | None:
-        """The verdict on one exit; None when it would not be kept and nobody asked for every
-        verdict (``every_verdict``): then it is only counted."""
-        restartable = main and unit is not None and unit.kind != "command"
-        found = self.ev.by_pid.get(ex.pid)
-        if not self.every_verdict and not restartable and len(self.verdicts) >= MAX_KEPT:
-            self.not_kept += 1  # (nothing is kept any more, and no restart will name it)
-            return None
-        pe = found or PidEvidence()
+    def _judge(self, ex: Exit, unit: UnitName | None, main: bool) -> Verdict:
+        """The verdict on one exit."""
+        pe = self.ev.by_pid.get(ex.pid) or PidEvidence()
         since = max(ex.start_ns, ex.ts - HISTORY_NS)
         end = ex.ts + SETTLE_NS
         ooms = [o for o in pe.ooms if since <= o.ts <= end]
@@ -468,8 +485,6 @@ class Analyzer:
             )
         else:
             v = self._app_exit(ex, pe, bool(ooms or kmsg), exit_ev)
-        if restartable:
-            self._cause[ex.pid] = v.cause  # a restart may name it
         return _replace(v, unit=unit.label if unit else None, main=main)
 
     def _gpu_seen(self) -> bool:
