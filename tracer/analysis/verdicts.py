@@ -155,6 +155,9 @@ class Analyzer:
         self._checks: set[int] = set()  # pids of exec health checks (ProbeSample.pid)
         self._first: dict[int, int] = {}  # container cgroup id -> its main process
         self._cgroup_units: dict[int, UnitName | None] = {}  # cgroup id -> unit_of_cgroup
+        # the cgroups among those that name their unit themselves (a container, a systemd
+        # unit): every process in one belongs to it, which _feed looks up inline
+        self._named: dict[int, UnitName] = {}
         self._next_round = 0  # stream time of the next round of judging
         self._procs = self.ev.procs
         # one dispatch per event: the evidence store's intake, or a handler of ours that calls
@@ -209,7 +212,7 @@ class Analyzer:
         next_round = self._next_round
         procs, new_proc = self._procs, self.ev.new_proc
         pending, first, ended = self._pending, self._first, self._ended
-        find_unit, is_main = self._find_unit, self._is_main
+        named, find_unit, is_main = self._named, self._find_unit, self._is_main
         evicted = 0
         ev: Any  # (narrowed by ``cls is ...``, which mypy does not follow)
         for ev in events:
@@ -243,7 +246,7 @@ class Analyzer:
                 if ev.status != 0 or not ev.comm.startswith(PLUMBING):
                     unit = proc.unit
                     if unit is UNSET:
-                        unit = proc.unit = find_unit(proc)
+                        unit = proc.unit = named.get(proc.cgroup_id) or find_unit(proc)
                     parent = procs.get(proc.ppid)
                     # (_is_main's commonest answer, inline: a child of its unit's processes)
                     if (
@@ -276,7 +279,7 @@ class Analyzer:
                         proc.start_ts = ev.ts
                 if not ev.comm.startswith(PLUMBING):  # (senders.is_runtime_plumbing, inlined)
                     first.setdefault(ev.cgroup_id, pid)
-                    unit = proc.unit = find_unit(proc)
+                    unit = proc.unit = named.get(proc.cgroup_id) or find_unit(proc)
                     parent = procs.get(proc.ppid)
                     if (
                         unit is not None
@@ -324,7 +327,7 @@ class Analyzer:
 
     def _on_unit_info(self, ev: UnitInfo) -> None:
         self._store[UnitInfo](ev)
-        self._cgroup_units.pop(ev.cgroup_id, None)
+        self._forget_unit_of(ev.cgroup_id)
         if ev.main_pid:
             self._first.setdefault(ev.cgroup_id, ev.main_pid)
 
@@ -335,7 +338,11 @@ class Analyzer:
 
     def _on_cgroup_info(self, ev: CgroupInfo) -> None:
         self._store[CgroupInfo](ev)
-        self._cgroup_units.pop(ev.cgroup_id, None)  # (a path learnt or changed)
+        self._forget_unit_of(ev.cgroup_id)  # (a path learnt or changed)
+
+    def _forget_unit_of(self, cgroup_id: int) -> None:
+        self._cgroup_units.pop(cgroup_id, None)
+        self._named.pop(cgroup_id, None)
 
     def finish(self) -> list[Verdict]:
         return self._judge_due(None)
@@ -422,6 +429,8 @@ class Analyzer:
                 if info
                 else unit_of_cgroup(self.ev.path(proc.cgroup_id))
             )
+            if unit is not None and unit.kind != "cgroup":
+                self._named[proc.cgroup_id] = unit
         if unit is None or unit.kind == "cgroup":
             parent = self._procs.get(proc.ppid)
             if parent is not None and proc.filename and senders.is_process_supervisor(parent.comm):
