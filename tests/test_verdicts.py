@@ -272,6 +272,17 @@ def test_sender_roles(comm: str, role: str, words: str) -> None:
     assert words in v.summary
 
 
+def test_runtime_plumbing_is_known_by_name_and_the_memo_stays_bounded() -> None:
+    from tracer.analysis.senders import IS_PLUMBING
+
+    assert IS_PLUMBING["runc:[2:INIT]"] and IS_PLUMBING["conmon"] and IS_PLUMBING["crun"]
+    assert not IS_PLUMBING["python3"] and not IS_PLUMBING["xrunc"]
+    for i in range(10_000):
+        assert not IS_PLUMBING[f"worker-{i}"]
+    assert len(IS_PLUMBING) <= 4096
+    assert IS_PLUMBING["runc"] and not IS_PLUMBING["worker-1"]
+
+
 def test_a_stop_is_sigterm_then_sigkill_after_the_grace_period() -> None:
     v = one(
         sent(1.0, 300, 100, signal.SIGTERM, comm="conmon"),

@@ -87,5 +87,16 @@ def is_process_supervisor(comm: str) -> bool:
 PLUMBING = ("runc:[", "runc", "crun", "conmon", "youki", "runsc")
 
 
-def is_runtime_plumbing(comm: str) -> bool:
-    return comm.startswith(PLUMBING)
+class _Plumbing(dict[str, bool]):
+    """comm -> whether it names a runtime's setup process, worked out once per name: the replay
+    loop asks at every exec and exit (``IS_PLUMBING[comm]``: a dict lookup, a third of a
+    ``startswith`` of six prefixes). Cleared when it holds 4096 names."""
+
+    def __missing__(self, comm: str) -> bool:
+        if len(self) >= 4096:
+            self.clear()
+        answer = self[comm] = comm.startswith(PLUMBING)
+        return answer
+
+
+IS_PLUMBING: dict[str, bool] = _Plumbing()

@@ -32,7 +32,7 @@ from tracer.analysis import gpu as gpu_rules
 from tracer.analysis import senders, units
 from tracer.analysis.evidence import HISTORY_NS, MAX_PIDS, Evidence, PidEvidence, Proc
 from tracer.analysis.quantities import fmt_bytes, fmt_duration
-from tracer.analysis.senders import PLUMBING
+from tracer.analysis.senders import IS_PLUMBING
 from tracer.analysis.units import CONTAINER_KINDS, UNSET, UnitName, unit_of_cgroup
 from tracer.events import (
     SI_KERNEL,
@@ -213,6 +213,7 @@ class Analyzer:
         procs, new_proc = self._procs, self.ev.new_proc
         pending, first, ended = self._pending, self._first, self._ended
         named, find_unit, is_main = self._named, self._find_unit, self._is_main
+        is_plumbing = IS_PLUMBING
         evicted = 0
         ev: Any  # (narrowed by ``cls is ...``, which mypy does not follow)
         for ev in events:
@@ -243,7 +244,7 @@ class Analyzer:
                     if not proc.start_ts:
                         proc.start_ts = ev.start_ns
                 # (a container runtime's own setup processes ending normally are not judged)
-                if ev.status != 0 or not ev.comm.startswith(PLUMBING):
+                if ev.status != 0 or not is_plumbing[ev.comm]:
                     unit = proc.unit
                     if unit is UNSET:
                         unit = proc.unit = named.get(proc.cgroup_id) or find_unit(proc)
@@ -254,7 +255,7 @@ class Analyzer:
                         and parent.unit is unit
                         and unit is not None
                         and unit.kind not in CONTAINER_KINDS
-                        and not parent.comm.startswith(PLUMBING)
+                        and not is_plumbing[parent.comm]
                     ):
                         main = False
                     else:
@@ -277,7 +278,7 @@ class Analyzer:
                     proc.unit = UNSET
                     if not proc.start_ts:
                         proc.start_ts = ev.ts
-                if not ev.comm.startswith(PLUMBING):  # (senders.is_runtime_plumbing, inlined)
+                if not is_plumbing[ev.comm]:
                     first.setdefault(ev.cgroup_id, pid)
                     unit = proc.unit = named.get(proc.cgroup_id) or find_unit(proc)
                     parent = procs.get(proc.ppid)
@@ -287,7 +288,7 @@ class Analyzer:
                             parent is not None
                             and parent.unit is unit
                             and unit.kind not in CONTAINER_KINDS
-                            and not parent.comm.startswith(PLUMBING)
+                            and not is_plumbing[parent.comm]
                         )
                         and is_main(pid, proc, unit)
                     ):
@@ -454,12 +455,10 @@ class Analyzer:
         parent = procs.get(proc.ppid)
         if parent is None:
             return True
-        if parent.comm.startswith(PLUMBING):
+        if IS_PLUMBING[parent.comm]:
             # look through the runtime's setup processes to whoever started the container
             seen = {pid}
-            while (
-                parent is not None and parent.comm.startswith(PLUMBING) and (parent.pid not in seen)
-            ):
+            while parent is not None and IS_PLUMBING[parent.comm] and (parent.pid not in seen):
                 seen.add(parent.pid)
                 parent = procs.get(parent.ppid)
             if parent is None:
