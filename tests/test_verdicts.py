@@ -457,14 +457,16 @@ def test_unread_verdicts_are_counted_not_built_with_the_same_outcome() -> None:
     assert lean.not_kept == every.not_kept > 0
     assert lean.restarts == every.restarts and len(lean.restarts) >= 3
     assert {r.cause for r in lean.restarts} == {"app_exit"}
-    # feed_all (replay's loop) and feed (the recorder's, one event at a time) agree
+    # feed_all (replay's loop), feed_many over ring-buffer-sized batches (the recorder's) and
+    # feed (one event at a time, under a live tail) agree
     batch = Analyzer(every_verdict=False)
     batch.feed_all(events)
-    assert (batch.verdicts, batch.not_kept, batch.restarts) == (
-        lean.verdicts,
-        lean.not_kept,
-        lean.restarts,
-    )
+    chunked = Analyzer(every_verdict=False)
+    for at in range(0, len(events), 4096):
+        chunked.feed_many(events[at : at + 4096])
+    chunked.finish()
+    for a in (batch, chunked):
+        assert (a.verdicts, a.not_kept, a.restarts) == (lean.verdicts, lean.not_kept, lean.restarts)
 
 
 def test_a_long_lived_parent_outlives_the_process_table_churn() -> None:

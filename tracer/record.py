@@ -578,11 +578,14 @@ class Recorder:
             return
         if writer is not None:
             writer.write_many(events)
+        counts = self._counts
         for ev in events:
-            self._counts[ev.KIND] += 1
-            verdicts = self.analyzer.feed(ev)
-            if self.on_event is not None:
-                self.on_event(ev, verdicts)
+            counts[ev.KIND] += 1
+        if self.on_event is None:
+            self.analyzer.feed_many(events)  # (kept verdicts: the end-of-run table reads them)
+            return
+        for ev in events:
+            self.on_event(ev, self.analyzer.feed(ev))
 
     def _track(
         self, events: Sequence[Event], samplers: SamplerSet, resolver: CgroupResolver

@@ -127,7 +127,7 @@ class Evidence:
         server that keeps forking must not be pushed out by its own short-lived children: the
         analyzer moves a process it sees again to the end). The analyzer keeps the table up to
         date from fork, exec and exit events itself: they are most of any trace, and its loop
-        does it inline (tracer/analysis/verdicts.py, ``Analyzer._feed``)."""
+        does it inline (tracer/analysis/verdicts.py, ``Analyzer.feed_many``)."""
         procs = self.procs
         procs[p.pid] = p
         if len(procs) > MAX_PIDS:

@@ -156,13 +156,13 @@ class Analyzer:
         self._first: dict[int, int] = {}  # container cgroup id -> its main process
         self._cgroup_units: dict[int, UnitName | None] = {}  # cgroup id -> unit_of_cgroup
         # the cgroups among those that name their unit themselves (a container, a systemd
-        # unit): every process in one belongs to it, which _feed looks up inline
+        # unit): every process in one belongs to it, which feed_many looks up inline
         self._named: dict[int, UnitName] = {}
         self._next_round = 0  # stream time of the next round of judging
         self._procs = self.ev.procs
         # one dispatch per event: the evidence store's intake, or a handler of ours that calls
         # it first (a replay feeds a million events; a second lookup and call each is 10%);
-        # fork, exec and exit are handled in _feed itself
+        # fork, exec and exit are handled in feed_many itself
         self._store = store = self.ev.intake
         self._on: dict[type[Event], Callable[[Any], object]] = {
             **store,
@@ -197,14 +197,15 @@ class Analyzer:
 
     def feed(self, ev: Event) -> list[Verdict]:
         """Take one event; returns the verdicts it made due (see ``every_verdict``)."""
-        return self._feed((ev,))
+        return self.feed_many((ev,))
 
     def feed_all(self, events: Iterable[Event]) -> list[Verdict]:
         """``feed`` each event, then ``finish``; returns every verdict they made."""
-        return self._feed(events) + self.finish()
+        return self.feed_many(events) + self.finish()
 
-    def _feed(self, events: Iterable[Event]) -> list[Verdict]:
-        """The one loop every event goes through. Fork, exec and exit events are most of any
+    def feed_many(self, events: Iterable[Event]) -> list[Verdict]:
+        """``feed`` each event; returns the verdicts they made due. The one loop every event
+        goes through. Fork, exec and exit events are most of any
         trace (a replay feeds a million of them): the process table is kept up to date here,
         inline, and exits are queued for judging; other events go to their handler."""
         on_get = self._on.get
