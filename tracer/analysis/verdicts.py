@@ -205,9 +205,9 @@ class Analyzer:
 
     def feed_many(self, events: Iterable[Event]) -> list[Verdict]:
         """``feed`` each event; returns the verdicts they made due. The one loop every event
-        goes through. Fork, exec and exit events are most of any
-        trace (a replay feeds a million of them): the process table is kept up to date here,
-        inline, and exits are queued for judging; other events go to their handler."""
+        goes through. Fork, exec and exit events are most of any trace (a replay feeds a
+        million of them): the process table is kept up to date here, inline, and exits are
+        queued for judging; other events go to their handler."""
         on_get = self._on.get
         out: list[Verdict] = []
         next_round = self._next_round
