@@ -249,18 +249,7 @@ class Analyzer:
                     unit = proc.unit
                     if unit is UNSET:
                         unit = proc.unit = named.get(proc.cgroup_id) or find_unit(proc)
-                    parent = procs.get(proc.ppid)
-                    # (_is_main's commonest answer, inline: a child of its unit's processes)
-                    if (
-                        parent is not None
-                        and parent.unit is unit
-                        and unit is not None
-                        and unit.kind not in CONTAINER_KINDS
-                        and not is_plumbing[parent.comm]
-                    ):
-                        main = False
-                    else:
-                        main = is_main(pid, proc, unit)
+                    main = is_main(pid, proc, unit)
                     pending.append((ev.ts, pid, ev, unit, main))
                     # (a command tree is not restarted by anyone: no need to remember its end)
                     if main and unit is not None and unit.kind != "command":
@@ -282,17 +271,7 @@ class Analyzer:
                 if not is_plumbing[ev.comm]:
                     first.setdefault(ev.cgroup_id, pid)
                     unit = proc.unit = named.get(proc.cgroup_id) or find_unit(proc)
-                    parent = procs.get(proc.ppid)
-                    if (
-                        unit is not None
-                        and not (  # (as at exit: a child of its unit's processes, inline)
-                            parent is not None
-                            and parent.unit is unit
-                            and unit.kind not in CONTAINER_KINDS
-                            and not is_plumbing[parent.comm]
-                        )
-                        and is_main(pid, proc, unit)
-                    ):
+                    if unit is not None and is_main(pid, proc, unit):
                         self._new_main(ev, unit)
             else:
                 on = on_get(cls)
