@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import click
 import orjson
 
-from tracer import __version__
+from tracer import __version__, safetext
 from tracer.analysis.pressure import TailLine
 from tracer.analysis.verdicts import Analyzer, Verdict
 from tracer.errors import UsageError, WhyrestartError
@@ -31,7 +31,7 @@ def _friendly(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except WhyrestartError as exc:
-            click.echo(f"whyrestart: {exc}", err=True)
+            click.echo(f"whyrestart: {safetext.block(str(exc))}", err=True)
             sys.exit(exc.exit_code)
 
     return wrapper  # type: ignore[return-value]
@@ -47,7 +47,19 @@ def analyzer_for(header: Any, every_verdict: bool = False) -> Analyzer:
 
 
 def _dumps(obj: Any) -> str:
-    return orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode()
+    return safetext.json_text(
+        orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode()
+    )
+
+
+def _warn(warning: str) -> None:
+    # warnings quote what they could not read: kernel log lines, names, paths
+    click.echo(f"whyrestart: warning: {safetext.field(warning)}", err=True)
+
+
+def _text(text: str, err: bool = False, nl: bool = True) -> None:
+    """Print text we laid out (its fields already escaped): the last guard at the terminal."""
+    click.echo(safetext.block(text), err=err, nl=nl)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -91,9 +103,9 @@ def doctor(as_json: bool) -> None:
     else:
         for c in checks:
             mark = "ok  " if c.ok else ("FAIL" if c.required else "warn")
-            click.echo(f"[{mark}] {c.name:18} {c.detail}")
+            _text(f"[{mark}] {c.name:18} {safetext.field(c.detail)}")
             if not c.ok and c.fix:
-                click.echo(f"       {'':18} fix: {c.fix}")
+                _text(f"       {'':18} fix: {safetext.field(c.fix)}")
         click.echo("\nready to record" if ok else "\ncannot record: fix the FAIL lines above")
     sys.exit(0 if ok else 4)
 
@@ -108,6 +120,7 @@ def _status_printer() -> Callable[[str, bool], None]:
     def show(line: str, final: bool) -> None:
         import time
 
+        line = safetext.field(line)
         if tty:
             click.echo("\r\x1b[2K" + line + ("\n" if final else ""), err=True, nl=False)
         else:
@@ -282,12 +295,12 @@ def record(
     )
     result = rec.run()
     for w in result.warnings:
-        click.echo(f"whyrestart: warning: {w}", err=True)
+        _warn(w)
     clock = Clock(result.header.started_ns, result.header.clock_offset_ns)
     if as_json:
         click.echo(_verdicts_json(result.verdicts, clock))
     else:
-        click.echo(
+        _text(
             verdict_table(
                 result.verdicts,
                 clock,
@@ -331,13 +344,15 @@ def _tail_printer(clock_holder: list[Clock], as_json: bool) -> Any:
         for line in lines:
             if as_json:
                 click.echo(
-                    orjson.dumps(
-                        {"ts": line.ts, "severity": line.severity, "text": line.text}
-                    ).decode()
+                    safetext.json_text(
+                        orjson.dumps(
+                            {"ts": line.ts, "severity": line.severity, "text": line.text}
+                        ).decode()
+                    )
                 )
                 continue
             t = clock_holder[0].wall(line.ts) if clock_holder else str(line.ts)
-            text = f"{t}  {line.text}"
+            text = f"{t}  {safetext.field(line.text)}"
             if colour and _COLOURS[line.severity]:
                 text = f"{_COLOURS[line.severity]}{text}\x1b[0m"
             click.echo(text)
@@ -379,7 +394,7 @@ def tail(as_json: bool, command: tuple[str, ...], **kw: Any) -> None:
     result = rec.run()
     show(feed.flush(result.header.started_ns if not clock else clock[0].start_ns))
     for w in result.warnings:
-        click.echo(f"whyrestart: warning: {w}", err=True)
+        _warn(w)
 
 
 # -- replay --------------------------------------------------------------------------------
@@ -423,7 +438,7 @@ def replay(trace: str, as_json: bool, verdicts_only: bool, as_tail: bool) -> Non
         show(feed.feed(None, analyzer.finish()))
         show(feed.flush(last))
         for w in reader.warnings:
-            click.echo(f"whyrestart: warning: {w}", err=True)
+            _warn(w)
         return
     if as_json:
         for _ in fed():
@@ -449,12 +464,12 @@ def replay(trace: str, as_json: bool, verdicts_only: bool, as_tail: bool) -> Non
         analyzer.feed_all(reader)
     else:
         for line in timeline(fed(), clock, path_of):
-            click.echo(line)
+            click.echo(line)  # escaped line by line by timeline()
         click.echo()
         analyzer.finish()
     for w in reader.warnings:
-        click.echo(f"whyrestart: warning: {w}", err=True)
-    click.echo(
+        _warn(w)
+    _text(
         verdict_table(
             analyzer.verdicts,
             clock,
@@ -504,7 +519,7 @@ def explain(trace: str, as_json: bool, pids: tuple[int, ...], units: tuple[str, 
             "run `whyrestart explain FILE` to list every pid and unit",
         )
     for w in reader.warnings:
-        click.echo(f"whyrestart: warning: {w}", err=True)
+        _warn(w)
     if as_json:
         click.echo(
             _dumps(
@@ -518,9 +533,7 @@ def explain(trace: str, as_json: bool, pids: tuple[int, ...], units: tuple[str, 
         )
     else:
         counts = [c for c in analyzer.restart_counts() if not units or c[0] in units]
-        click.echo(
-            verdict_table(verdicts, clock, restarts=restarts, restart_counts=counts), nl=False
-        )
+        _text(verdict_table(verdicts, clock, restarts=restarts, restart_counts=counts), nl=False)
 
 
 # -- report, export, repro (tracer/outputs, tracer/repro.py) -------------------------------
@@ -560,7 +573,7 @@ def report(trace: str, output: str | None, png: str | None) -> None:
         output = base + ".html"
     timeline = load(trace)
     for w in timeline.warnings:
-        click.echo(f"whyrestart: warning: {w}", err=True)
+        _warn(w)
     write_report(timeline, trace, output, png)
     click.echo(f"report written to {output}" + (f" and {png}" if png else ""), err=True)
 
@@ -587,7 +600,7 @@ def export(trace: str, fmt: str, output: str) -> None:
 
     timeline = load(trace)
     for w in timeline.warnings:
-        click.echo(f"whyrestart: warning: {w}", err=True)
+        _warn(w)
     n = write_perfetto(timeline, trace, output)
     click.echo(
         f"{n} trace events written to {output} ({fmt}); open it in ui.perfetto.dev", err=True
@@ -674,13 +687,13 @@ def repro(
     )
 
     def progress(line: str) -> None:
-        click.echo(line, err=True)
+        click.echo(safetext.field(line), err=True)
 
     comparison = Experiment(plan, progress, layout=layout).run()
     if as_json:
         click.echo(_dumps(comparison.to_json()))
     else:
-        click.echo(comparison.table(), nl=False)
+        _text(comparison.table(), nl=False)
 
 
 if __name__ == "__main__":  # pragma: no cover

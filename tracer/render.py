@@ -10,6 +10,7 @@ import datetime as _dt
 from collections import Counter
 from collections.abc import Callable, Iterable
 
+from tracer import safetext
 from tracer.analysis import gpu as gpu_rules
 from tracer.analysis.quantities import fmt_bytes
 from tracer.analysis.verdicts import Restart, Verdict, describe_status
@@ -137,7 +138,8 @@ def timeline(
     for ev in events:
         line = describe(ev, cgroup_path)
         if line is not None:
-            yield f"{clock.rel(ev.ts):>10}  {line}"
+            # one escape per line: names, paths and probe errors are the workload's text
+            yield f"{clock.rel(ev.ts):>10}  {safetext.field(line)}"
 
 
 # More verdicts than this (a busy host under --all): plain exits are folded into one line.
@@ -177,42 +179,54 @@ def verdict_table(
     header = ("time", "unit", "pid", "comm", "cause", "confidence", "peak/limit")
     rows = [header]
     for v in verdicts:
-        unit = (v.unit or "-") + ("" if v.main else " (child)")
+        unit = safetext.cell(v.unit or "-") + ("" if v.main else " (child)")
         rows.append(
-            (clock.rel(v.ts), unit, str(v.pid), v.comm, v.cause, v.confidence, _limit_peak(v))
+            (
+                clock.rel(v.ts),
+                unit,
+                str(v.pid),
+                safetext.cell(v.comm),
+                v.cause,
+                v.confidence,
+                _limit_peak(v),
+            )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     out = "\n".join(lines) + "\n"
+    esc = safetext.field  # a verdict's words quote names, paths and kernel log text
     if evidence:
         for v in verdicts:
             if v.cause == "app_exit" and v.exit_code == 0 and not v.disagreements:
                 continue  # nothing to explain
-            out += f"\npid {v.pid} ({v.comm}): {v.cause}, {v.confidence} confidence\n"
-            out += f"  {v.summary}\n"
+            out += f"\npid {v.pid} ({esc(v.comm)}): {v.cause}, {v.confidence} confidence\n"
+            out += f"  {esc(v.summary)}\n"
             if v.breakdown:
                 parts = ", ".join(f"{k} {fmt_bytes(b)}" for k, b in v.breakdown)
                 out += f"  memory at the kill: {parts}\n"
             if v.peak_ts is not None and v.peak_bytes is not None:
                 out += f"  peak usage {fmt_bytes(v.peak_bytes)} at {clock.rel(v.peak_ts)}\n"
             for ts, what in v.evidence:
-                out += f"  evidence {clock.rel(ts)}: {what}\n"
+                out += f"  evidence {clock.rel(ts)}: {esc(what)}\n"
             for d in v.disagreements:
-                out += f"  disagrees: {d}\n"
+                out += f"  disagrees: {esc(d)}\n"
             if v.advice:
-                out += f"  advice: {v.advice}\n"
+                out += f"  advice: {esc(v.advice)}\n"
     for unit, ours, theirs, source in restart_counts or []:
         if theirs is None:
             continue
         agree = "agrees" if theirs == ours else "DISAGREES: a restart one of us did not see"
-        out += f"\n{unit}: {source} counted {theirs} restarts, whyrestart linked {ours} ({agree})\n"
+        out += (
+            f"\n{esc(unit)}: {source} counted {theirs} restarts, whyrestart linked {ours} "
+            f"({agree})\n"
+        )
     out += folded
     if restarts:
         out += "\nrestarts:\n"
         for r in restarts:
             out += (
-                f"  {clock.rel(r.ts)}  {r.unit}: pid {r.old_pid} -> pid {r.new_pid} after "
-                f"{r.downtime_ns / 1e9:.1f} s down ({r.cause})\n"
+                f"  {clock.rel(r.ts)}  {esc(r.unit)}: pid {r.old_pid} -> pid {r.new_pid} after "
+                f"{r.downtime_ns / 1e9:.1f} s down ({esc(r.cause)})\n"
             )
     return out

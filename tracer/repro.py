@@ -38,6 +38,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from tracer import safetext
 from tracer.analysis.quantities import fmt_bytes
 from tracer.analysis.verdicts import APP_EXIT, Verdict
 from tracer.errors import UsageError
@@ -461,7 +462,7 @@ class Comparison:
             elif r.outcome == SURVIVED and v is None:
                 verdict = "still running at the end"
             elif r.outcome == ERROR:
-                verdict = r.error or "error"
+                verdict = safetext.field(r.error or "error")
             rows.append(
                 (
                     self._value_text(r.setting),

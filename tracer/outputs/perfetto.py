@@ -27,7 +27,7 @@ from typing import Any
 
 import orjson
 
-from tracer import __version__
+from tracer import __version__, safetext
 from tracer.errors import OutputError
 from tracer.outputs.timeline import (
     OOM,
@@ -359,7 +359,8 @@ def write_perfetto(t: Timeline, source: str, path: str) -> int:
         raise OutputError(f"cannot write {path}: directory {d} does not exist", "create it first")
     try:
         with open(path, "wb") as f:
-            f.write(orjson.dumps(doc))
+            # exact values; C1 and bidi controls as \\u escapes, so `cat` shows them inert
+            f.write(safetext.json_text(orjson.dumps(doc).decode()).encode())
     except OSError as exc:
         raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from None
     return len(doc["traceEvents"])

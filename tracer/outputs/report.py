@@ -31,7 +31,7 @@ import textwrap
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from tracer import __version__
+from tracer import __version__, safetext
 from tracer.analysis.quantities import fmt_bytes, fmt_duration
 from tracer.analysis.verdicts import Verdict
 from tracer.errors import OutputError, WhyrestartError
@@ -685,9 +685,21 @@ def _bind(fn: Callable[[FigureBase, Any], None], arg: Any) -> Callable[[FigureBa
     return draw
 
 
+def _untrusted_text(fig: FigureBase) -> None:
+    """Every label of a chart as the terminal shows it: names and paths come from the workload,
+    so control characters are escaped (the SVG is inlined in the page) and ``$`` is text, not
+    the start of mathtext (a process named ``$\\foo$`` would stop the report)."""
+    from matplotlib.text import Text
+
+    for t in fig.findobj(Text):
+        t.set_text(safetext.field(t.get_text()))
+        t.set_parse_math(False)
+
+
 def _svg(fig: Figure, salt: str) -> str:
     from matplotlib import rc_context
 
+    _untrusted_text(fig)
     buf = io.StringIO()
     # Text stays <text> (searchable, selectable, small); a fixed salt per chart keeps the
     # ids matplotlib generates deterministic and distinct between the charts of one page.
@@ -709,6 +721,7 @@ def render_png(t: Timeline, path: str, dpi: int = 100) -> None:
     subs = fig.subfigures(len(figs), 1, height_ratios=heights, squeeze=False)
     for (_, _, draw), sub in zip(figs, subs[:, 0], strict=True):
         draw(sub)
+    _untrusted_text(fig)
     try:
         fig.savefig(path, format="png", dpi=dpi, metadata={"Software": f"whyrestart {__version__}"})
     except OSError as exc:
@@ -745,7 +758,8 @@ code, .path { font-family: 'DejaVu Sans Mono', monospace; font-size: 0.9em; word
 
 
 def _e(text: object) -> str:
-    return html.escape(str(text), quote=True)
+    # control characters shown as in the terminal (an HTML page can be `cat`ed or copied)
+    return html.escape(safetext.field(str(text)), quote=True)
 
 
 def _limit_peak(v: Verdict) -> str:
