@@ -216,35 +216,50 @@ def test_podman_stop_is_a_signal_kill_by_the_runtime(tmp_path: Path, name: str) 
 
 
 def test_supervisord_restarts_are_linked_with_their_causes(tmp_path: Path) -> None:
-    """A program under supervisord (not a container: a process supervisor) that keeps
-    failing: each exit is judged, and each restart links the old and new process."""
+    """A program under supervisord (not a container: a process supervisor) that fails three
+    times, then asks supervisord to shut down: three app_exit verdicts, three restarts linked,
+    and the last run stopped by supervisord itself (signal_kill, sender the supervisor)."""
     # the one installed beside this interpreter (a pyenv shim would be a bash wrapper)
     beside = Path(sys.executable).parent / "supervisord"
     supervisord = str(beside) if beside.exists() else shutil.which("supervisord")
     if supervisord is None:
-        pytest.skip("supervisor (PyPI) is not installed (scripts/setup installs the dev extra)")
+        pytest.fail("supervisord is missing: scripts/setup installs it with the dev extra")
+    runs = tmp_path / "runs"
+    worker = tmp_path / "worker.py"
+    # runs 1-3 fail with code 3; run 4 sends SIGTERM to supervisord and waits to be stopped
+    worker.write_text(f"""import os, signal, time
+with open({str(runs)!r}, "a+") as f:
+    f.write("run\\n")
+    f.seek(0)
+    n = len(f.readlines())
+if n >= 4:
+    os.kill(os.getppid(), signal.SIGTERM)
+    time.sleep(30)
+time.sleep(0.2)
+os._exit(3)
+""")
     conf = tmp_path / "supervisord.conf"
     conf.write_text(f"""[supervisord]
 nodaemon=true
 logfile={tmp_path}/supervisord.log
 pidfile={tmp_path}/supervisord.pid
 [program:worker]
-command=/bin/sh -c "sleep 0.4; exit 3"
+command={sys.executable} {worker}
 autorestart=true
 startsecs=0
 startretries=100
 """)
     res = Recorder(
         str(tmp_path / "s.trace"),
-        Targets(command=["timeout", "-s", "TERM", "6", supervisord, "-c", str(conf)]),
-        duration=30,
+        Targets(command=["timeout", "-s", "TERM", "60", supervisord, "-c", str(conf)]),
+        duration=90,
     ).run()
-    worker = [v for v in res.verdicts if v.unit == "sh under supervisord"]
-    mains = [v for v in worker if v.main]
-    assert len(mains) >= 3
-    assert {v.comm for v in worker if not v.main} == {"sleep"}  # the program's own child
-    # the last one may be stopped by supervisord's own shutdown (SIGTERM) instead
-    assert all((v.cause, v.exit_code) == ("app_exit", 3) for v in mains[:-1])
-    links = [r for r in res.restarts if r.unit == "sh under supervisord"]
-    assert len(links) == len(mains) - 1
-    assert all(r.cause == "app_exit" for r in links)
+    assert runs.read_text().count("run") == 4
+    unit = f"{Path(sys.executable).name} under supervisord"
+    mine = [v for v in res.verdicts if v.unit == unit]
+    assert [(v.cause, v.exit_code, v.main) for v in mine] == [("app_exit", 3, True)] * 3 + [
+        ("signal_kill", None, True)
+    ]
+    assert (mine[-1].signal, mine[-1].sender_role) == ("SIGTERM", "supervisor")
+    links = [r for r in res.restarts if r.unit == unit]
+    assert [r.cause for r in links] == ["app_exit"] * 3
