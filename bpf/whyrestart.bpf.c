@@ -199,49 +199,112 @@ static __always_inline void fill_hdr(struct wr_hdr *h, __u16 type, __u16 size, _
 }
 
 /* ---------------------------------------------------------------------------------------- */
-/* Process exit.
- * do_exit() stores the wait status in task->exit_code before trace_sched_process_exit(), and
- * has already decremented signal->live: live == 0 means this is the group's last thread, so the
- * process as users know it has ended. */
+/* Process exit: one record per process (thread group), describing the process.
+ *
+ * Every thread passes sched_process_exit; the process ended for the one whose own decrement of
+ * signal->live reached 0 (do_exit's group_dead). Reading signal->live at the tracepoint is not
+ * that test: a thread that decremented earlier but reaches the tracepoint after the last one
+ * reads 0 too, and a SIGKILLed process of several threads got two records. Where the tracepoint
+ * passes group_dead (it does on 6.18; 6.1 and 5.10 pass the task only), the twin that reads it
+ * is exact. Elsewhere live == 0 is only a candidate, and the first candidate of a process wins:
+ * BPF_NOEXIST into exits_sent, keyed by tgid and the leader's start time (a reused pid is
+ * another key), is atomic, so exactly one thread emits.
+ *
+ * The record describes the process, whichever thread passes last: the group leader's comm and
+ * start time, and the status wait() reports (wait_task_zombie(): SIGNAL_GROUP_EXIT ?
+ * group_exit_code : the leader's exit_code). A thread's own exit_code is not it: the threads
+ * zapped by a core dump exit with the signal alone (0xb) while wait() sees 0x8b. */
 
-static __always_inline int handle_exit(struct task_struct *task, __u16 rung)
+/* include/linux/sched/signal.h; the same bit since 2.6 */
+#define WR_SIGNAL_GROUP_EXIT 0x00000004
+
+struct exit_key {
+	__u32 tgid;
+	__u32 _pad;
+	__u64 start_ns;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 8192);
+	__type(key, struct exit_key);
+	__type(value, __u8);
+} exits_sent SEC(".maps");
+
+/* group_dead: 1 or 0 from the tracepoint, -1 where the kernel does not pass it. */
+static __always_inline int handle_exit(struct task_struct *task, int group_dead, __u16 rung)
 {
+	struct task_struct *leader;
 	struct wr_exit *e;
 	__u32 tgid = BPF_CORE_READ(task, tgid);
+	__u64 start;
+	__u32 flags;
 
-	if (tgid == cfg.self_tgid)
+	if (tgid == cfg.self_tgid || !group_dead)
 		return 0;
-	if (BPF_CORE_READ(task, signal, live.counter) != 0)
+	if (group_dead < 0 && BPF_CORE_READ(task, signal, live.counter) != 0)
 		return 0;
 	if (!is_watched(task, tgid))
 		return 0;
+	leader = BPF_CORE_READ(task, group_leader);
+	start = BPF_CORE_READ(leader, start_boottime);
+	if (group_dead < 0) {
+		struct exit_key k = {.tgid = tgid, .start_ns = start};
+		__u8 one = 1;
+
+		if (bpf_map_update_elem(&exits_sent, &k, &one, BPF_NOEXIST))
+			return 0;
+	}
 	bpf_map_delete_elem(&watched_pids, &tgid);
 
 	e = reserve(sizeof(*e));
 	if (!e)
 		return 0;
 	fill_hdr(&e->h, WR_EV_EXIT, sizeof(*e), rung, task);
-	e->exit_code = BPF_CORE_READ(task, exit_code);
-	e->ppid = BPF_CORE_READ(task, real_parent, tgid);
-	e->start_ns = BPF_CORE_READ(task, start_boottime);
+	e->h.pid = tgid;
+	BPF_CORE_READ_STR_INTO(&e->h.comm, leader, comm);
+	flags = BPF_CORE_READ(task, signal, flags);
+	if (flags & WR_SIGNAL_GROUP_EXIT)
+		e->exit_code = BPF_CORE_READ(task, signal, group_exit_code);
+	else
+		e->exit_code = BPF_CORE_READ(leader, exit_code);
+	e->ppid = BPF_CORE_READ(leader, real_parent, tgid);
+	e->start_ns = start;
 	bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
 	return 0;
 }
 
 SEC("tp_btf/sched_process_exit")
-int BPF_PROG(exit_btf, struct task_struct *task)
+int BPF_PROG(exit_btf, struct task_struct *task, bool group_dead)
 {
-	return handle_exit(task, WR_RUNG_TP_BTF);
+	return handle_exit(task, group_dead, WR_RUNG_TP_BTF);
 }
 
-/* Fallback for kernels without tp_btf (< 5.5): the classic tracepoint runs in the exiting task,
- * so the task is current and task->exit_code is read with CO-RE just the same. (The design
- * paired this with syscalls/sys_enter_exit_group for the code; reading exit_code directly is
- * exact for exit_group, exit and fatal signals alike, so that second hook is not needed.) */
-SEC("tracepoint/sched/sched_process_exit")
-int exit_tp(void *ctx)
+/* Kernels whose tracepoint is sched_process_exit(task) (6.1, 5.10): the verifier refuses the
+ * twin above (no second argument) and this one de-duplicates. */
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(exit_btf_dedup, struct task_struct *task)
 {
-	return handle_exit((struct task_struct *)bpf_get_current_task(), WR_RUNG_TRACEPOINT);
+	return handle_exit(task, -1, WR_RUNG_TP_BTF);
+}
+
+/* Fallbacks for kernels without tp_btf (< 5.5): the classic tracepoint runs in the exiting task,
+ * so the task is current. Its record has group_dead where the tp_btf prototype has it; where the
+ * field is missing, the CO-RE relocation of ctx->group_dead fails and the load refuses this
+ * program, and the de-duplicating twin takes over. (The design paired this rung with
+ * syscalls/sys_enter_exit_group for the code; the status read above is exact for exit_group,
+ * exit and fatal signals alike, so that second hook is not needed.) */
+SEC("tracepoint/sched/sched_process_exit")
+int exit_tp(struct trace_event_raw_sched_process_exit *ctx)
+{
+	return handle_exit((struct task_struct *)bpf_get_current_task(), ctx->group_dead,
+			   WR_RUNG_TRACEPOINT);
+}
+
+SEC("tracepoint/sched/sched_process_exit")
+int exit_tp_dedup(void *ctx)
+{
+	return handle_exit((struct task_struct *)bpf_get_current_task(), -1, WR_RUNG_TRACEPOINT);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -444,7 +507,9 @@ static __always_inline int handle_victim(struct task_struct *victim, __u32 victi
 	e->usage_pages = 0;
 	if (victim) {
 		e->victim_cgroup_id = cgroup_id_of(task_cgroup(victim));
-		BPF_CORE_READ_STR_INTO(&e->victim_comm, victim, comm);
+		/* the process, not the thread the OOM killer's scan happened to pick (a memcg scan
+		 * walks every thread) */
+		BPF_CORE_READ_STR_INTO(&e->victim_comm, victim, group_leader, comm);
 	} else {
 		e->victim_cgroup_id = 0;
 		__builtin_memset(&e->victim_comm, 0, sizeof(e->victim_comm));

@@ -24,7 +24,13 @@ from tracer.errors import BpfError, KernelUnsupported
 # "oom_context" does not emit: it lets mark_victim read oom_control (the exact memcg) instead of
 # walking ancestors; see the OOM block in the C file.
 LADDERS: dict[str, list[tuple[str, tuple[str, ...]]]] = {
-    "exit": [("tp_btf", ("exit_btf",)), ("tracepoint", ("exit_tp",))],
+    # the *_dedup rungs are for kernels whose sched_process_exit has no group_dead (see C file)
+    "exit": [
+        ("tp_btf", ("exit_btf",)),
+        ("tp_btf_dedup", ("exit_btf_dedup",)),
+        ("tracepoint", ("exit_tp",)),
+        ("tracepoint_dedup", ("exit_tp_dedup",)),
+    ],
     "signal": [("tp_btf", ("signal_btf",)), ("tracepoint", ("signal_tp",))],
     "oom": [("tp_btf", ("oom_btf",)), ("tracepoint", ("oom_tp",))],
     "oom_context": [("fentry", ("oom_fentry",)), ("kprobe", ("oom_kprobe",))],

@@ -1,0 +1,219 @@
+"""Tier 3 (root, real kernel): multi-threaded processes are recorded exactly.
+
+Every model server is multi-threaded. A process's threads pass ``sched_process_exit`` one by one,
+possibly in any order: the recorder must send one exit record per process, describing the
+process (the program's name and start time, the wait status wait() reports, core dumps
+included), whichever thread passes last and whichever thread the fatal event hit. The workload
+(tests/mt/mtwork.c, built here with gcc) names its threads wrk1, wrk2, ... and kills, crashes or
+OOMs itself from a worker.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.mt import build
+from tracer.events import Exit, OomKill, Signal
+from tracer.record import Recorder, RecordResult, Targets
+from tracer.sources.cgroupfs import CgroupLayout, ChildCgroup, own_memory_cgroup
+from tracer.trace.reader import read_trace
+
+pytestmark = [
+    pytest.mark.root,
+    pytest.mark.skipif(build.gcc() is None, reason="no C compiler (gcc) to build tests/mt"),
+]
+
+MiB = 1 << 20
+STORM = 300  # processes of 2-4 threads, each SIGKILLed
+
+
+@pytest.fixture(scope="module")
+def mtwork(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build.mtwork(tmp_path_factory.mktemp("mt-bin"))
+
+
+@pytest.fixture(scope="module")
+def layout() -> CgroupLayout:
+    lay = CgroupLayout.from_system()
+    if lay.memory_root is None:
+        pytest.skip("no memory cgroup controller mounted")
+    return lay
+
+
+@pytest.fixture
+def parent_cgroup(layout: CgroupLayout) -> Iterator[str]:
+    yield own_memory_cgroup(layout=layout)
+
+
+def record(tmp_path: Path, argv: list[str], name: str = "t.trace") -> RecordResult:
+    return Recorder(str(tmp_path / name), Targets(command=argv), duration=60).run()
+
+
+def exits_of(path: str) -> list[Exit]:
+    return [e for e in read_trace(path).events if isinstance(e, Exit)]
+
+
+def test_sigkilled_multithreaded_processes_have_one_exit_each(tmp_path: Path, mtwork: Path) -> None:
+    out = tmp_path / "statuses"
+    res = record(tmp_path, [str(mtwork), "storm", str(STORM), str(out)])
+    assert res.command_status == 0 and res.lost == 0
+    seen = {
+        int(pid): int(status)
+        for pid, status in (ln.split() for ln in out.read_text().split("\n") if ln)
+    }
+    assert len(seen) == STORM
+    exits = exits_of(res.path or "")
+    per_pid = Counter(e.pid for e in exits)
+    twice = sorted(pid for pid, n in per_pid.items() if n > 1)
+    assert not twice, f"{len(twice)} of {STORM} processes have more than one exit record"
+    storm_exits = {e.pid: e for e in exits if e.pid in seen}
+    assert len(storm_exits) == STORM
+    # each describes the process: the program's name and the status wait() saw
+    assert Counter(e.comm for e in storm_exits.values()) == Counter({"mtwork": STORM})
+    assert {pid: e.status for pid, e in storm_exits.items()} == seen
+    assert all(s == signal.SIGKILL for s in seen.values())
+    verdicts = [v for v in res.verdicts if v.pid in seen]
+    assert Counter((v.cause, v.comm) for v in verdicts) == Counter(
+        {("signal_kill", "mtwork"): STORM}
+    )
+
+
+# -- the fallback rungs, forced on this kernel: the same storm, the same exactness -----------
+
+
+@pytest.mark.parametrize(
+    ("disabled", "rung"),
+    [
+        (("exit_btf",), "tp_btf_dedup"),
+        (("exit_btf", "exit_btf_dedup"), "tracepoint"),
+        (("exit_btf", "exit_btf_dedup", "exit_tp"), "tracepoint_dedup"),
+    ],
+)
+def test_every_exit_rung_sends_one_exit_per_process(
+    tmp_path: Path, mtwork: Path, disabled: tuple[str, ...], rung: str
+) -> None:
+    from tracer.bpf import hooks, layout
+    from tracer.bpf.decode import Decoder
+    from tracer.bpf.libbpf import RingBuffer
+    from tracer.spawn import GatedChild
+
+    n = STORM // 3
+    out = tmp_path / "statuses"
+    config = layout.WrConfig(self_tgid=os.getpid(), stall_threshold_ns=1 << 62)
+    probe = hooks.Probe(config, disabled=disabled)
+    exits: list[Exit] = []
+    try:
+        assert probe.attach().rungs["exit"] == rung
+        rb = RingBuffer(probe.events)
+        decoder = Decoder()
+        child = GatedChild([str(mtwork), "storm", str(n), str(out)])
+        probe.watch_pid(child.pid)
+        child.release()
+        while True:
+            done = child.poll() is not None
+            exits += [e for e in decoder.decode_batch(rb.drain(20)) if isinstance(e, Exit)]
+            if done:
+                break
+        rb.free()
+    finally:
+        probe.close()
+    seen = {int(p): int(s) for p, s in (ln.split() for ln in out.read_text().split("\n") if ln)}
+    assert len(seen) == n
+    mine = [e for e in exits if e.pid in seen]
+    assert Counter(e.pid for e in mine) == Counter(dict.fromkeys(seen, 1))
+    assert {e.pid: (e.comm, e.status) for e in mine} == {p: ("mtwork", s) for p, s in seen.items()}
+
+
+# -- multi-threaded twins of the tests that kill, OOM or crash a process ----------------------
+
+KILLER = """
+import subprocess, sys
+p = subprocess.Popen([sys.argv[1], "wait", "5"], stdout=subprocess.PIPE)
+assert p.stdout.read(1) == b"r"  # its threads run
+subprocess.run(["kill", "-" + sys.argv[2], str(p.pid)], check=True)
+p.wait()
+"""
+
+
+def one_verdict(res: RecordResult, comm: str = "mtwork") -> tuple[object, Exit]:
+    """The single verdict and exit record of the workload: one of each, naming the program."""
+    exits = [e for e in exits_of(res.path or "") if e.comm != "kill" and "python" not in e.comm]
+    assert [e.comm for e in exits] == [comm], exits
+    [v] = [v for v in res.verdicts if v.pid == exits[0].pid]
+    assert v.comm == comm
+    assert not [v for v in res.verdicts if v.comm.startswith("wrk")]
+    return v, exits[0]
+
+
+@pytest.mark.parametrize("sig", ["TERM", "KILL"])
+def test_a_multithreaded_process_killed_by_another_names_the_program_and_sender(
+    tmp_path: Path, mtwork: Path, sig: str
+) -> None:
+    res = record(tmp_path, [sys.executable, "-c", KILLER, str(mtwork), sig])
+    v, ex = one_verdict(res)
+    signum = getattr(signal, f"SIG{sig}")
+    assert ex.status == signum
+    [kill] = [e for e in exits_of(res.path or "") if e.comm == "kill"]
+    assert (v.cause, v.signal, v.sender_pid, v.sender_comm) == (  # type: ignore[attr-defined]
+        "signal_kill",
+        f"SIG{sig}",
+        kill.pid,
+        "kill",
+    )
+
+
+def test_a_multithreaded_process_oom_killed_in_a_worker_is_one_cgroup_oom(
+    tmp_path: Path, mtwork: Path, parent_cgroup: str, layout: CgroupLayout
+) -> None:
+    with ChildCgroup(parent_cgroup, f"wr-test-mtoom-{os.getpid()}", 64 * MiB, layout=layout) as cg:
+        procs = os.path.join(cg.abs_path, "cgroup.procs")
+        argv = ["sh", "-c", f'echo $$ > {procs} && exec "$@"', "sh", str(mtwork), "oom", "5"]
+        res = record(tmp_path, argv)
+        path = cg.path
+    v, ex = one_verdict(res)
+    assert ex.status == signal.SIGKILL
+    assert (v.cause, v.limit_cgroup, v.limit_bytes) == ("cgroup_oom", path, 64 * MiB)  # type: ignore[attr-defined]
+    events = read_trace(res.path or "").events
+    [oom] = [e for e in events if isinstance(e, OomKill)]
+    assert (oom.victim_pid, oom.victim_comm, oom.memcg) == (ex.pid, "mtwork", True)
+    kills = [e for e in events if isinstance(e, Signal) and e.sig == signal.SIGKILL]
+    assert [k.target_pid for k in kills] == [ex.pid]
+
+
+@pytest.mark.parametrize(
+    ("mode", "sig", "summary"),
+    [
+        ("segv", signal.SIGSEGV, "crashed with SIGSEGV (core dumped)"),
+        ("abort", signal.SIGABRT, "killed itself with SIGABRT (core dumped)"),
+    ],
+)
+def test_a_worker_that_crashes_with_a_core_dump_is_one_crash_of_the_program(
+    tmp_path: Path, mtwork: Path, monkeypatch: pytest.MonkeyPatch, mode: str, sig: int, summary: str
+) -> None:
+    monkeypatch.setenv("MT_DIR", str(tmp_path))  # the core file lands there
+    res = record(tmp_path, [str(mtwork), mode, "5"])
+    v, ex = one_verdict(res)
+    # what wait() reports: the signal with the core-dump bit, whichever thread passed last
+    assert ex.status == sig | 0x80
+    assert (v.cause, v.signal) == ("app_exit", signal.Signals(sig).name)  # type: ignore[attr-defined]
+    assert v.summary.startswith(summary)  # type: ignore[attr-defined]
+    # the fault hit a worker thread: the signal is still the process's
+    raised = [
+        e for e in read_trace(res.path or "").events if isinstance(e, Signal) and e.sig == sig
+    ]
+    assert raised and {s.target_pid for s in raised} == {ex.pid}
+
+
+def test_exit_from_a_worker_is_the_programs_exit_code(tmp_path: Path, mtwork: Path) -> None:
+    res = record(tmp_path, [str(mtwork), "exit", "5", "23"])
+    v, ex = one_verdict(res)
+    assert ex.status == 23 << 8
+    assert (v.cause, v.exit_code) == ("app_exit", 23)  # type: ignore[attr-defined]
+    assert res.command_status == 23
