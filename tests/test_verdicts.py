@@ -479,8 +479,8 @@ def test_a_long_lived_parent_outlives_the_process_table_churn() -> None:
         at = 1.0 + i * 1e-4
         a.feed(forked(at, 100, 10_000 + i, 50, "worker"))
         a.feed(exit_code(at + 5e-5, 10_000 + i, 0, cg=50, ppid=100))
-    assert a.ev.evicted > evidence.MAX_PIDS  # the children churned through the table
-    assert a.ev.procs[100].comm == "model"  # the server that forks them is still known
+    assert a.evicted > evidence.MAX_PIDS  # the children churned through the table
+    assert a.table.procs[100].comm == "model"  # the server that forks them is still known
     [v] = [v for v in a.feed_all([exit_code(9.0, 100, 1, cg=50)]) if v.pid == 100]
     assert (v.main, v.unit, v.exit_code) == (True, "model.service", 1)
 

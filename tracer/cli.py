@@ -38,12 +38,10 @@ def _friendly(fn: F) -> F:
 
 
 def analyzer_for(header: Any, every_verdict: bool = False) -> Analyzer:
-    """The analyzer a replay needs: the same settings the recording had. ``every_verdict``:
-    for a caller that reads what ``feed`` returns, not only the kept verdicts."""
-    pids = header.targets.get("supervisor_pids", []) if isinstance(header.targets, dict) else []
-    return Analyzer(
-        supervisor_pids=[p for p in pids if isinstance(p, int)], every_verdict=every_verdict
-    )
+    """The analyzer a replay needs: the same settings the recording had (``Analyzer.
+    from_header``, as the recorder and the timeline build theirs). ``every_verdict``: for a
+    caller that reads what ``feed`` returns, not only the kept verdicts."""
+    return Analyzer.from_header(header.targets, every_verdict=every_verdict)
 
 
 def _dumps(obj: Any) -> str:

@@ -198,9 +198,8 @@ class Recorder:
         self.stop = _StopFlag()
         self.warnings: list[str] = []
         # (a live tail reads every verdict; otherwise only the kept ones are built)
-        self.analyzer = Analyzer(
-            supervisor_pids=targets.supervisor_pids, every_verdict=on_event is not None
-        )
+        # (built from what the header's targets will say: a replay builds the same one)
+        self.analyzer = Analyzer.from_header(targets.describe(), every_verdict=on_event is not None)
         self._named: set[int] = {0}
         # pids seen in the watched set (dict: insertion order, trimmed oldest-first); exited ones
         # stay a while because their kernel-log OOM report can arrive after the exit

@@ -14,10 +14,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import msgspec
-
+from tracer.analysis import units
 from tracer.analysis.gpu import GpuStore
-from tracer.analysis.units import UNSET, UnitName
 from tracer.events import (
     CgroupInfo,
     CgroupSample,
@@ -35,28 +33,13 @@ from tracer.events import (
 )
 
 HISTORY_NS = 60 * 1_000_000_000
-MAX_PIDS = 8192
+MAX_PIDS = 8192  # pids with evidence (and processes in tracer/analysis/processes.py)
 MAX_CGROUPS = 1024
 MAX_SIGNALS_PER_PID = 256  # (kept: the newest 256 to 512)
 MAX_SAMPLES_PER_CGROUP = 1200  # 60 s at the fast 50 ms interval
 # Cgroup samples are kept this much longer than the history window: an OOM kill's window starts
 # a minute before the kill, which precedes the exit being judged.
 SAMPLE_MARGIN_NS = 10 * 1_000_000_000
-
-
-class Proc(msgspec.Struct, gc=False):
-    """What the analysis knows of one process. A msgspec Struct (mutable, no GC tracking): one
-    is made per fork, and its C constructor costs a sixth of a slots dataclass's."""
-
-    pid: int
-    comm: str = ""
-    ppid: int = 0
-    cgroup_id: int = 0
-    start_ts: int = 0
-    filename: str = ""
-    # the unit it belongs to, once the analyzer has worked it out (UNSET again at exec: a
-    # process becomes what it runs); it lives and is evicted with the process
-    unit: UnitName | None = UNSET
 
 
 @dataclass
@@ -90,7 +73,6 @@ def _since(events: list[_E], horizon: int) -> list[_E]:
 class Evidence:
     def __init__(self) -> None:
         self.cgroups: dict[int, CgroupInfo] = {}
-        self.procs: OrderedDict[int, Proc] = OrderedDict()
         self.by_pid: OrderedDict[int, PidEvidence] = OrderedDict()
         self.by_cgroup: OrderedDict[int, CgroupEvidence] = OrderedDict()
         self.host: deque[HostSample] = deque(maxlen=1200)
@@ -121,19 +103,6 @@ class Evidence:
 
     def cgroup(self, cgroup_id: int) -> CgroupEvidence:
         return self._get(self.by_cgroup, cgroup_id, CgroupEvidence, MAX_CGROUPS)
-
-    def new_proc(self, p: Proc) -> Proc:
-        """Add a process to the table; when full, the least recently seen goes (a long-lived
-        server that keeps forking must not be pushed out by its own short-lived children: the
-        analyzer moves a process it sees again to the end). The analyzer keeps the table up to
-        date from fork, exec and exit events itself: they are most of any trace, and its loop
-        does it inline (tracer/analysis/verdicts.py, ``Analyzer.feed_many``)."""
-        procs = self.procs
-        procs[p.pid] = p
-        if len(procs) > MAX_PIDS:
-            procs.popitem(last=False)
-            self.evicted += 1
-        return p
 
     # -- intake -----------------------------------------------------------------------------
 
@@ -223,6 +192,27 @@ class Evidence:
     def id_of_path(self, path: str) -> int | None:
         """The newest cgroup id seen at this path."""
         return self.ids_by_path.get(path)
+
+    def ancestry(self, cgroup_id: int) -> list[int]:
+        """The cgroup and its known ancestors, innermost first."""
+        path = self.path(cgroup_id)
+        if path is None:
+            return [cgroup_id]
+        out = []
+        while True:
+            cid = self.id_of_path(path)
+            if cid is not None:
+                out.append(cid)
+            if path == "/":
+                return out
+            path = path.rsplit("/", 1)[0] or "/"
+
+    def cgroup_label(self, cgroup_id: int, path: str | None) -> str:
+        """A cgroup as users know it: the container or service it is, else its path."""
+        info = self.units.get(cgroup_id)
+        if info is not None:
+            return units.from_info(info.kind, info.unit_id, info.name, info.pod).label
+        return path or "a memory cgroup"
 
     def samples_between(self, cgroup_id: int, start: int, end: int) -> list[CgroupSample]:
         ev = self.by_cgroup.get(cgroup_id)

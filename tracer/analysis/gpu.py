@@ -2,8 +2,8 @@
 
 ``GpuStore`` keeps the GPU events (bounded, per pid and per device) for ``tracer.analysis.
 evidence.Evidence``; ``facts`` gathers what concerns one exit; ``judge`` turns that into a
-``Finding`` that ``tracer.analysis.verdicts`` makes a verdict of (kept apart from it so that the
-GPU rules read as one piece and the verdict module does not grow a GPU branch in every rule).
+``Finding`` (tracer/analysis/findings.py) that the verdict factory makes a verdict of (kept
+apart so that the GPU rules read as one piece; tracer/analysis/rules.py calls them in turn).
 
 The rules (DESIGN.md, "Verdicts"):
 
@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
+from tracer.analysis.findings import Finding
 from tracer.analysis.quantities import fmt_bytes
 from tracer.events import (
     Event,
@@ -129,6 +130,11 @@ class GpuStore:
         if not (p.failures or p.recovered or p.samples):
             del self.by_pid[pid]
 
+    def seen(self) -> bool:
+        """Whether the recording has any GPU evidence at all (most have none: the GPU rules
+        are skipped then)."""
+        return bool(self.by_pid or self.xids or self.lost)
+
     def prune(self, horizon: int) -> None:
         for p in self.by_pid.values():
             while p.failures and p.failures[0].ts < horizon:
@@ -187,21 +193,6 @@ def facts(store: GpuStore, ex: Exit, since: int) -> GpuFacts:
         device=device,
         own=own,
     )
-
-
-@dataclass(frozen=True, slots=True)
-class Finding:
-    """A verdict's GPU part; ``tracer.analysis.verdicts`` adds the exit and the unit."""
-
-    cause: str  # "gpu_oom", "device_reset" or "app_exit"
-    confidence: str
-    summary: str
-    advice: str
-    evidence: tuple[tuple[int, str], ...]
-    disagreements: tuple[str, ...] = ()
-    peak_bytes: int | None = None  # the process's high-water mark of device bytes
-    limit_bytes: int | None = None  # the device's total memory
-    usage_bytes: int | None = None  # the device's used memory before the failure
 
 
 def _ending(ex: Exit, crash: str | None) -> str:

@@ -3,14 +3,15 @@ host, each with its memory, limit, pressure, GPU and probe series and its marker
 reads events (from a file with `load`, or any iterable with `build`) and returns data; the
 HTML report and the Perfetto export both draw from it, so they group and count alike.
 
-Units are what the verdicts name (``Verdict.unit``: a container, a service, a recorded command
-tree). Each process is put in the unit its verdict names; a process that had no verdict (still
-running when the recording ended) goes with its parent's unit, else with what its cgroup path
-names. A memory cgroup belongs to the unit most of its processes belong to; a sampled cgroup
-that held no watched process and has no sampled descendant (a ``--cgroup`` target whose
-processes never exec'd) is a unit of its own. Ancestors are not units: their limits (and, where
-they have one, their usage) are drawn as the nested limits of the units below them, because a
-parent's limit is often the one that kills (DESIGN.md: "limits nest").
+Units are the analyzer's (``Verdict.unit`` and ``Analyzer.unit_of_pid``: a container, a
+service, a recorded command tree), never grouped a second way here. Each process is put in the
+unit its verdict names; a process that had no verdict (still running when the recording ended)
+in the unit the analyzer's process table gives it, else (gone from the bounded table) in what
+its cgroup path names. A memory cgroup belongs to the unit most of its processes belong to; a
+sampled cgroup that held no watched process and has no sampled descendant (a ``--cgroup``
+target whose processes never exec'd) is a unit of its own. Ancestors are not units: their
+limits (and, where they have one, their usage) are drawn as the nested limits of the units below
+them, because a parent's limit is often the one that kills (DESIGN.md: "limits nest").
 
 The effective limit of a cgroup is taken from the recorder's ``EffectiveLimit`` events when
 the trace has them (they name the cgroup that sets it), else computed as the smallest known
@@ -285,14 +286,13 @@ def build(header: TraceHeader, events: Iterable[Event]) -> Timeline:
 class _Builder:
     def __init__(self, header: TraceHeader) -> None:
         self.header = header
-        self.analyzer = Analyzer(every_verdict=False)
+        self.analyzer = Analyzer.from_header(header.targets)
         self.counts: Counter[str] = Counter()
         self.end_ns = header.started_ns
         self.cgroups: dict[int, CgroupSeries] = {}
         # pid -> the memory cgroup it was last seen in: processes move into a cgroup (the
         # `echo $$ > cgroup.procs && exec` idiom), rarely out, so the last one is theirs.
         self.pid_cgroup: dict[int, int] = {}
-        self.parents: dict[int, int] = {}
         self.first_seen: dict[int, int] = {}  # pid -> first ts
         self.unit_infos: dict[int, UnitInfo] = {}
         self.exits: list[Exit] = []
@@ -337,13 +337,10 @@ class _Builder:
         elif isinstance(ev, Exec):
             self._seen(ev.pid, ev.cgroup_id, ev.ts)
         elif isinstance(ev, Fork):
-            self.parents[ev.child_pid] = ev.parent_pid
             self._seen(ev.parent_pid, ev.cgroup_id, ev.ts)
             self._seen(ev.child_pid, ev.cgroup_id, ev.ts)
         elif isinstance(ev, Exit):
             self.exits.append(ev)
-            if ev.ppid:
-                self.parents.setdefault(ev.pid, ev.ppid)
             self._seen(ev.pid, ev.cgroup_id, ev.ts)
         elif isinstance(ev, Signal):
             self.signals.append(ev)
@@ -423,7 +420,9 @@ class _Builder:
             if not cg.path:
                 cg.path = self._path(cg.cgroup_id)
 
-        # pid -> unit label: the verdict's, else the parent's, else the cgroup's
+        # pid -> unit label: the verdict's, else the analyzer's (its process table names the
+        # unit of a process still running at the end), else the cgroup's (a process the
+        # bounded table no longer holds)
         pid_unit: dict[int, str] = {}
         for v in verdicts:
             if v.unit:
@@ -431,13 +430,10 @@ class _Builder:
         labels: dict[str, str] = {u: u for u in pid_unit.values()}  # key -> label
 
         def unit_of_pid(pid: int) -> str | None:
-            seen: set[int] = set()
-            p: int | None = pid
-            while p is not None and p not in seen:
-                if p in pid_unit:
-                    return pid_unit[p]
-                seen.add(p)
-                p = self.parents.get(p)
+            label = pid_unit.get(pid) or self.analyzer.unit_of_pid(pid)
+            if label is not None:
+                labels.setdefault(label, label)
+                return label
             cid = self.pid_cgroup.get(pid)
             if cid is not None:
                 named = self._cgroup_unit(cid)

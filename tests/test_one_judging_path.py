@@ -1,0 +1,133 @@
+"""Tier 1: every output judges alike. replay --json, explain --json, report's verdict table and
+export's verdict instants give the same cause and confidence for every exit of every trace in
+tests/data, and of a ``--supervisor`` recording (written with the project's trace writer: a
+watchdog pid given on the command line kills the service while its probes fail), whose header
+is what makes the difference between a supervisor's probe kill and some process's kill.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+import signal
+from collections import Counter
+from pathlib import Path
+
+import orjson
+import pytest
+from click.testing import CliRunner
+
+from tests.streams import cgroup, execd, killed, probe, sent
+from tracer.cli import main
+from tracer.events import Event
+from tracer.trace.format import TraceHeader
+from tracer.trace.writer import TraceWriter
+
+DATA = Path(__file__).parent / "data"
+WATCHDOG = 777
+
+Judged = Counter[tuple[int, str, str]]  # (pid, cause, confidence) -> how many
+
+
+def supervisor_trace(path: Path) -> Path:
+    header = TraceHeader(
+        tool_version="test",
+        host="h",
+        kernel="k",
+        cgroup={"mode": "v1", "memory_version": 1},
+        clock_offset_ns=1_700_000_000_000_000_000,
+        hooks={},
+        targets={"pids": [100], "supervisor_pids": [WATCHDOG]},
+        started_ns=0,
+    )
+    events: list[Event] = [
+        cgroup(40, "/svc/model", 1 << 30),
+        execd(0.1, 100, 40, "model"),
+        probe(1.0, False, 1000, timed_out=True),
+        probe(2.0, False, 1000, timed_out=True),
+        probe(3.0, False, 1000, timed_out=True),
+        sent(3.5, WATCHDOG, 100, signal.SIGKILL, comm="my-watchdog"),
+        killed(3.5, 100, signal.SIGKILL, cg=40, start=0.1),
+    ]
+    w = TraceWriter.open(path, header)
+    w.write_many(events)
+    w.close(w.make_footer("command exited", ended_ns=5_000_000_000))
+    return path
+
+
+def traces(tmp: Path) -> list[Path]:
+    return [*sorted(DATA.glob("*.trace")), supervisor_trace(tmp / "supervisor.trace")]
+
+
+def run(*args: str) -> str:
+    r = CliRunner().invoke(main, list(args))
+    assert r.exit_code == 0, r.stderr
+    return r.stdout
+
+
+def from_replay(trace: Path) -> Judged:
+    doc = orjson.loads(run("replay", "--json", str(trace)))
+    return Counter((v["pid"], v["cause"], v["confidence"]) for v in doc["verdicts"])
+
+
+def from_explain(trace: Path) -> Judged:
+    doc = orjson.loads(run("explain", "--json", str(trace)))
+    return Counter((v["pid"], v["cause"], v["confidence"]) for v in doc["verdicts"])
+
+
+_ROW = re.compile(
+    r"<tr><td>[^<]*</td><td>[^<]*</td><td class=num>(\d+)</td><td>[^<]*</td>"
+    r"<td class='cause cause-[^']*'>([^<]*)</td><td>([^<]*)</td>"
+)
+
+
+def from_report(trace: Path, tmp: Path) -> Judged:
+    out = tmp / f"{trace.stem}.html"
+    run("report", str(trace), "-o", str(out))
+    page = out.read_text()
+    # the summary table, before the per-unit sections repeat its rows
+    start = page.index("<h2 id=verdicts-summary>")
+    table = page[start : page.index("</table>", start)]
+    return Counter(
+        (int(pid), html.unescape(cause), html.unescape(conf))
+        for pid, cause, conf in _ROW.findall(table)
+    )
+
+
+def from_export(trace: Path, tmp: Path) -> Judged:
+    out = tmp / f"{trace.stem}.perfetto.json"
+    run("export", str(trace), "-o", str(out))
+    doc = orjson.loads(out.read_bytes())
+    events = doc["traceEvents"] if isinstance(doc, dict) else doc
+    got: Judged = Counter()
+    for e in events:
+        name = e.get("name", "")
+        if e.get("ph") == "i" and name.startswith("verdict "):
+            pid = int(name.rsplit(" ", 1)[1])
+            got[(pid, e["args"]["cause"], e["args"]["confidence"])] += 1
+    return got
+
+
+def test_every_output_gives_the_same_cause_and_confidence_for_every_pid(tmp_path: Path) -> None:
+    paths = traces(tmp_path)
+    assert len(paths) >= 4
+    for trace in paths:
+        replayed = from_replay(trace)
+        assert replayed, f"{trace.name}: no verdicts"
+        assert from_explain(trace) == replayed, trace.name
+        assert from_report(trace, tmp_path) == replayed, trace.name
+        assert from_export(trace, tmp_path) == replayed, trace.name
+
+
+def test_the_supervisor_pid_in_the_header_is_honoured_by_every_output(tmp_path: Path) -> None:
+    trace = supervisor_trace(tmp_path / "supervisor.trace")
+    want: Judged = Counter({(100, "probe_kill", "high"): 1})
+    assert from_replay(trace) == want
+    assert from_report(trace, tmp_path) == want
+    assert from_export(trace, tmp_path) == want
+
+
+@pytest.mark.parametrize("name", ["demo_v1_oom", "nested_v1_oom", "reclaim_v1_oom"])
+def test_each_checked_in_trace_has_a_kill_among_its_verdicts(name: str) -> None:
+    causes = {cause for _, cause, _ in from_replay(DATA / f"{name}.trace")}
+    assert "cgroup_oom" in causes

@@ -1,0 +1,151 @@
+"""What the analysis concludes, as data: the causes, a rule's ``Finding``, the ``Verdict`` and
+``Restart`` every output shows, and the one factory that makes a verdict of a finding. Pure.
+
+A rule (tracer/analysis/rules.py, tracer/analysis/gpu.py) sees one exit and an evidence view
+and returns a ``Finding``: the cause, its confidence and words, and what it measured. The exit's
+own facts (pid, comm, time, status) and the unit it belongs to are added here, by ``verdict``,
+so that no rule builds a ``Verdict`` by hand.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tracer.events import Exit, signal_name
+
+CGROUP_OOM = "cgroup_oom"
+GLOBAL_OOM = "global_oom"
+GPU_OOM = "gpu_oom"
+PROBE_KILL = "probe_kill"
+SIGNAL_KILL = "signal_kill"
+DEVICE_RESET = "device_reset"
+APP_EXIT = "app_exit"
+UNKNOWN = "unknown"
+
+HIGH, MEDIUM, LOW = "high", "medium", "low"
+
+Evidence_ = tuple[int, str]  # (timestamp of the event, what it says)
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """A rule's conclusion about one exit, without the exit's own facts (``verdict`` adds them).
+
+    ``signal`` is left None by the rules that do not decide it: the factory names the exit's
+    terminating signal then."""
+
+    cause: str
+    confidence: str
+    summary: str
+    advice: str
+    evidence: tuple[Evidence_, ...]
+    disagreements: tuple[str, ...] = ()
+    signal: str | None = None
+    sender_pid: int | None = None
+    sender_comm: str | None = None
+    sender_role: str | None = None
+    limit_cgroup: str | None = None
+    limit_scope: str | None = None
+    limit_bytes: int | None = None
+    usage_bytes: int | None = None
+    peak_bytes: int | None = None
+    peak_ts: int | None = None
+    breakdown: tuple[tuple[str, int], ...] = ()
+    stall_ns: int | None = None
+    host_available: int | None = None
+    exit_code: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """Why one process ended."""
+
+    ts: int  # the exit's timestamp (CLOCK_BOOTTIME ns)
+    pid: int
+    comm: str
+    cause: str
+    confidence: str
+    summary: str  # one line: what happened, with the numbers
+    advice: str
+    evidence: tuple[tuple[int, str], ...]  # (timestamp, what that event says), in time order
+    disagreements: tuple[str, ...] = ()
+    unit: str | None = None
+    main: bool = True  # the unit's main process (its exit is a restart of the unit)
+    exit_code: int | None = None
+    signal: str | None = None
+    sender_pid: int | None = None
+    sender_comm: str | None = None
+    sender_role: str | None = None
+    limit_cgroup: str | None = None
+    limit_scope: str | None = None  # "own" or "ancestor"
+    limit_bytes: int | None = None
+    usage_bytes: int | None = None
+    peak_bytes: int | None = None
+    peak_ts: int | None = None
+    breakdown: tuple[tuple[str, int], ...] = ()  # anon, file, shmem, file_mapped at the kill
+    stall_ns: int | None = None  # reclaim + throttling in the minute before
+    host_available: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name in self.__slots__:
+            value = getattr(self, name)
+            if name == "evidence":
+                value = [{"ts": ts, "what": what} for ts, what in value]
+            elif name == "breakdown":
+                value = dict(value)
+            elif isinstance(value, tuple):
+                value = list(value)
+            out[name] = value
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Restart:
+    """A unit's main process exited and a new one started in the same unit."""
+
+    ts: int  # the new main process's start
+    unit: str
+    old_pid: int
+    new_pid: int
+    downtime_ns: int
+    cause: str  # the old main process's verdict
+
+    def to_json(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+def verdict(ex: Exit, f: Finding, unit: str | None, main: bool) -> Verdict:
+    """The one place a ``Verdict`` is made: a rule's finding plus the exit's own facts."""
+    ws = ex.wait
+    sig = f.signal
+    if sig is None and ws.signal is not None:
+        sig = signal_name(ws.signal)
+    return Verdict(
+        ts=ex.ts,
+        pid=ex.pid,
+        comm=ex.comm,
+        cause=f.cause,
+        confidence=f.confidence,
+        summary=f.summary,
+        advice=f.advice,
+        evidence=f.evidence,
+        disagreements=f.disagreements,
+        unit=unit,
+        main=main,
+        exit_code=f.exit_code if f.exit_code is not None else ws.code,
+        signal=sig,
+        sender_pid=f.sender_pid,
+        sender_comm=f.sender_comm,
+        sender_role=f.sender_role,
+        limit_cgroup=f.limit_cgroup,
+        limit_scope=f.limit_scope,
+        limit_bytes=f.limit_bytes,
+        usage_bytes=f.usage_bytes,
+        peak_bytes=f.peak_bytes,
+        peak_ts=f.peak_ts,
+        breakdown=f.breakdown,
+        stall_ns=f.stall_ns,
+        host_available=f.host_available,
+    )

@@ -1,0 +1,182 @@
+"""The process and unit table: which processes exist, which unit (container, service, program
+under a supervisor, recorded command) each belongs to, which is a unit's main process, and the
+restarts that follow from main processes ending and starting. Pure: kept up to date from
+fork, exec and exit events (by the analyzer's loop, inline: they are most of any trace) and
+from the runtimes' ``UnitInfo``.
+
+A unit's *main process* is the first program started in a container's cgroup, else the first
+process in the unit whose parent is outside it; when the main process exits and a new one
+starts in the same unit, that is a restart.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import msgspec
+
+from tracer.analysis import senders, units
+from tracer.analysis.evidence import MAX_PIDS, Evidence
+from tracer.analysis.findings import Restart
+from tracer.analysis.senders import IS_PLUMBING
+from tracer.analysis.units import CONTAINER_KINDS, UNSET, UnitName, unit_of_cgroup
+from tracer.events import Exec
+
+
+class Proc(msgspec.Struct, gc=False):
+    """What the analysis knows of one process. A msgspec Struct (mutable, no GC tracking): one
+    is made per fork, and its C constructor costs a sixth of a slots dataclass's."""
+
+    pid: int
+    comm: str = ""
+    ppid: int = 0
+    cgroup_id: int = 0
+    start_ts: int = 0
+    filename: str = ""
+    # the unit it belongs to, once worked out (UNSET again at exec: a process becomes what it
+    # runs); it lives and is evicted with the process
+    unit: UnitName | None = UNSET
+
+
+class ProcessTable:
+    """Processes by pid (bounded: the least recently seen go first, counted in ``evicted``),
+    their units, the units' main processes and the restarts linked between them."""
+
+    def __init__(self, ev: Evidence) -> None:
+        self.ev = ev  # (cgroup paths and the runtimes' names, to name units)
+        self.procs: OrderedDict[int, Proc] = OrderedDict()
+        self.evicted = 0
+        self.first: dict[int, int] = {}  # container cgroup id -> its main process
+        self.ended: dict[str, tuple[int, int]] = {}  # unit key -> (main pid, exit ts)
+        self.links: list[tuple[int, str, int, int, int]] = []  # ts, unit, old, new, downtime
+        self.cause: dict[int, str] = {}  # pid -> cause of its last verdict (restarts name it)
+        self.checks: set[int] = set()  # pids of exec health checks (ProbeSample.pid)
+        self.cgroup_units: dict[int, UnitName | None] = {}  # cgroup id -> unit_of_cgroup
+        # the cgroups among those that name their unit themselves (a container, a systemd
+        # unit): every process in one belongs to it, which the analyzer's loop looks up inline
+        self.named: dict[int, UnitName] = {}
+
+    def new_proc(self, p: Proc) -> Proc:
+        """Add a process; when full, the least recently seen goes (a long-lived server that
+        keeps forking must not be pushed out by its own short-lived children: the analyzer
+        moves a process it sees again to the end)."""
+        procs = self.procs
+        procs[p.pid] = p
+        if len(procs) > MAX_PIDS:
+            procs.popitem(last=False)
+            self.evicted += 1
+        return p
+
+    # -- units -------------------------------------------------------------------------------
+
+    def unit(self, proc: Proc, depth: int = 0) -> UnitName | None:
+        """``find_unit``, kept on the process until it execs."""
+        unit = proc.unit
+        if unit is UNSET:
+            unit = proc.unit = self.find_unit(proc, depth)
+        return unit
+
+    def find_unit(self, proc: Proc, depth: int = 0) -> UnitName | None:
+        """A container or systemd unit by cgroup; else a program under a process supervisor;
+        else whatever its parent belongs to; at the top, the recorded command itself."""
+        unit = self.cgroup_units.get(proc.cgroup_id, UNSET)
+        if unit is UNSET:
+            info = self.ev.units.get(proc.cgroup_id)
+            unit = self.cgroup_units[proc.cgroup_id] = (
+                units.from_info(info.kind, info.unit_id, info.name, info.pod)
+                if info
+                else unit_of_cgroup(self.ev.path(proc.cgroup_id))
+            )
+            if unit is not None and unit.kind != "cgroup":
+                self.named[proc.cgroup_id] = unit
+        if unit is None or unit.kind == "cgroup":
+            parent = self.procs.get(proc.ppid)
+            if parent is not None and proc.filename and senders.is_process_supervisor(parent.comm):
+                # a program run by supervisord & co.: its own unit, restarted by the supervisor
+                unit = units.supervised(parent.comm, parent.pid, proc.filename)
+            elif parent is not None and parent.pid != proc.pid and depth < 64:
+                unit = self.unit(parent, depth + 1)
+            else:
+                pid = proc.pid
+                unit = UnitName("command", str(pid), f"{proc.comm or '?'} (pid {pid})")
+        return unit
+
+    def forget_unit_of(self, cgroup_id: int) -> None:
+        """A cgroup's path or runtime name was learnt or changed: name its unit again."""
+        self.cgroup_units.pop(cgroup_id, None)
+        self.named.pop(cgroup_id, None)
+
+    def is_main(self, pid: int, proc: Proc, unit: UnitName | None) -> bool:
+        if unit is None:
+            return True
+        if unit.kind in CONTAINER_KINDS and proc.cgroup_id in self.first:
+            # a container's main process is the first program started in its cgroup; later
+            # ones came in through `exec` (health checks, debugging shells)
+            return self.first[proc.cgroup_id] == pid
+        procs = self.procs
+        parent = procs.get(proc.ppid)
+        if parent is None:
+            return True
+        if IS_PLUMBING[parent.comm]:
+            # look through the runtime's setup processes to whoever started the container
+            seen = {pid}
+            while parent is not None and IS_PLUMBING[parent.comm] and (parent.pid not in seen):
+                seen.add(parent.pid)
+                parent = procs.get(parent.ppid)
+            if parent is None:
+                return True
+        theirs = parent.unit  # (unit(), inlined: hot)
+        if theirs is unit:
+            return False
+        if theirs is UNSET:
+            theirs = parent.unit = self.find_unit(parent)
+        return theirs != unit
+
+    # -- restarts ----------------------------------------------------------------------------
+
+    def new_main(self, ev: Exec, unit: UnitName) -> None:
+        """A unit's new main process started: a restart, when the last one ended."""
+        pid = ev.pid
+        ended = self.ended.pop(unit.key, None)
+        if ended is not None and ended[0] != pid:
+            old_pid, old_ts = ended
+            self.links.append((ev.ts, unit.label, old_pid, pid, ev.ts - old_ts))
+
+    def restarts(self) -> list[Restart]:
+        """Main-process exits followed by a new main process in the same unit."""
+        return [
+            Restart(
+                ts=ts,
+                unit=unit,
+                old_pid=old,
+                new_pid=new,
+                downtime_ns=down,
+                cause=self.cause.get(old, "pending"),
+            )
+            for ts, unit, old, new, down in self.links
+        ]
+
+    def restart_counts(self) -> list[tuple[str, int, int | None, str]]:
+        """Per unit: (unit, restarts whyrestart linked, restarts the supervisor counted over
+        the same recording, its name). A mismatch is worth a look: a restart we could not see,
+        or one the supervisor does not count."""
+        restarts = self.restarts()
+        ours: dict[str, int] = {}
+        for r in restarts:
+            ours[r.unit] = ours.get(r.unit, 0) + 1
+        runtime = self.ev.runtime
+        out = []
+        for unit in sorted(set(ours) | set(runtime)):
+            samples = [x for x in runtime.get(unit, []) if x.restart_count is not None]
+            theirs = None
+            source = ""
+            if samples:
+                first, lastx = samples[0], samples[-1]
+                assert first.restart_count is not None and lastx.restart_count is not None
+                # the supervisor's count before the recording: its first reading, less the
+                # restarts we saw before that reading
+                before = sum(1 for r in restarts if r.unit == unit and r.ts <= first.ts)
+                theirs = lastx.restart_count - (first.restart_count - before)
+                source = lastx.source
+            out.append((unit, ours.get(unit, 0), theirs, source))
+        return out

@@ -1,0 +1,461 @@
+"""The verdict rules: pure functions of (exit, evidence view) -> ``Finding``. No process table,
+no retention, no English (tracer/analysis/wording.py has the words).
+
+``decide`` applies the rule families in order: the kernel's OOM kill, then the GPU
+(tracer/analysis/gpu.py), then signals (a health-probe kill, a user-space OOM killer, a
+supervisor's stop, anyone else), then the process's own exit.
+
+Rules (DESIGN.md, "Verdicts"): exit status 137 alone is never a memory verdict. An OOM verdict
+needs an OOM kill of this very process (from BPF or the kernel log) *and* a SIGKILL exit; the
+OOM killer's own SIGKILL (si_code SI_KERNEL) is part of that OOM, not a second "signal kill".
+Confidence is high only when at least two independent sources agree beyond the exit status
+itself, medium with one, low with none; disagreements are listed, never hidden.
+"""
+
+from __future__ import annotations
+
+import signal as _signal
+from dataclasses import dataclass, field
+
+from tracer.analysis import gpu as gpu_rules
+from tracer.analysis import senders
+from tracer.analysis import wording as say
+from tracer.analysis.evidence import HISTORY_NS, Evidence
+from tracer.analysis.findings import (
+    APP_EXIT,
+    CGROUP_OOM,
+    GLOBAL_OOM,
+    HIGH,
+    LOW,
+    MEDIUM,
+    PROBE_KILL,
+    SIGNAL_KILL,
+    UNKNOWN,
+    Evidence_,
+    Finding,
+)
+from tracer.events import (
+    SI_KERNEL,
+    CgroupSample,
+    Exit,
+    KmsgOom,
+    OomKill,
+    ReclaimStall,
+    Signal,
+    signal_name,
+)
+
+SECOND = 1_000_000_000
+SETTLE_NS = 1 * SECOND  # how long after an exit late evidence may still arrive
+ALLOC_FAIL_WINDOW_NS = 10 * SECOND  # "an allocation failure preceded" the exit
+PROBE_WINDOW_NS = 60 * SECOND
+HEADROOM = 0.15
+
+# Signals a process raises on itself (abort(), faults): without a signal event for the exit,
+# these are taken as its own doing.
+_SELF_INFLICTED = frozenset(
+    {_signal.SIGABRT, _signal.SIGSEGV, _signal.SIGBUS, _signal.SIGFPE, _signal.SIGILL}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ExitView:
+    """What the rules may know about one exit: the evidence of this process (from its start,
+    or the history window, to a settle past its exit), and the store to ask about its cgroups,
+    the host and the probes."""
+
+    ex: Exit
+    since: int  # the earliest evidence that can be about this process
+    ooms: list[OomKill]
+    kmsg: list[KmsgOom]
+    signals: list[Signal]  # fatal signals to it, up to its exit
+    stalls: list[ReclaimStall]
+    ev: Evidence
+    unit: str | None = None
+    supervisor_pids: frozenset[int] = field(default_factory=frozenset)
+
+    @property
+    def exit_ev(self) -> Evidence_:
+        return (self.ex.ts, say.describe_status(self.ex))
+
+
+def view_of(ex: Exit, ev: Evidence, unit: str | None, supervisor_pids: frozenset[int]) -> ExitView:
+    """The evidence view of one exit, out of the store."""
+    pe = ev.by_pid.get(ex.pid)
+    since = max(ex.start_ns, ex.ts - HISTORY_NS)
+    if pe is None:
+        return ExitView(ex, since, [], [], [], [], ev, unit, supervisor_pids)
+    end = ex.ts + SETTLE_NS
+    return ExitView(
+        ex,
+        since,
+        [o for o in pe.ooms if since <= o.ts <= end],
+        [k for k in pe.kmsg if since - SECOND <= k.ts <= end],
+        [s for s in pe.signals if since <= s.ts <= ex.ts],
+        pe.stalls,
+        ev,
+        unit,
+        supervisor_pids,
+    )
+
+
+def decide(v: ExitView) -> Finding:
+    """The finding on one exit: the first rule family that applies."""
+    ws = v.ex.wait
+    had_oom = bool(v.ooms or v.kmsg)
+    if had_oom and ws.signal == _signal.SIGKILL:
+        return oom_kill(v)
+    gpu = gpu_exit(v)
+    if gpu is not None:
+        return gpu
+    if ws.signal is not None:
+        return signal_exit(v, had_oom)
+    return app_exit(v, had_oom)
+
+
+# -- the process's own exit ------------------------------------------------------------------
+
+
+def app_exit(v: ExitView, had_oom: bool) -> Finding:
+    ex = v.ex
+    code = ex.wait.code if ex.wait.code is not None else -1
+    disagree: tuple[str, ...] = (say.OOM_REPORTED_YET_EXITED,) if had_oom else ()
+    evidence = [v.exit_ev]
+    failures = alloc_failures(v) if code != 0 else []
+    if failures:
+        evidence = sorted([*failures, v.exit_ev])
+    summary, advice = say.app_exit_text(code, bool(failures))
+    return Finding(
+        cause=APP_EXIT,
+        confidence=HIGH,
+        summary=summary,
+        advice=advice,
+        evidence=tuple(evidence),
+        disagreements=disagree,
+        exit_code=code,
+    )
+
+
+def alloc_failures(v: ExitView) -> list[Evidence_]:
+    """Signs that memory ran out shortly before an exit the process chose: the cgroup's
+    charge-failure counters rose, or the process stalled in reclaim."""
+    ex, store = v.ex, v.ev
+    start = ex.ts - ALLOC_FAIL_WINDOW_NS
+    out: list[Evidence_] = []
+    if not store.by_cgroup and not v.stalls:
+        return out
+    for cid in store.ancestry(ex.cgroup_id):
+        samples = store.samples_between(cid, start, ex.ts + SETTLE_NS)
+        if len(samples) < 2:
+            continue
+        first, last = samples[0], samples[-1]
+        if first.failcnt is not None and last.failcnt is not None and last.failcnt > first.failcnt:
+            out.append((last.ts, say.failcnt_rose(last.path, last.failcnt - first.failcnt)))
+        for key in ("max", "oom"):
+            a, b = first.events.get(key), last.events.get(key)
+            if a is not None and b is not None and b > a:
+                out.append((last.ts, say.events_rose(key, last.path, b - a)))
+    stalls = [s for s in v.stalls if start <= s.ts <= ex.ts]
+    if stalls:
+        out.append((stalls[-1].ts, say.own_stalls(len(stalls), sum(s.duration_ns for s in stalls))))
+    return out
+
+
+# -- the kernel's OOM killer -----------------------------------------------------------------
+
+
+def oom_kill(v: ExitView) -> Finding:
+    ex, store = v.ex, v.ev
+    evidence: list[Evidence_] = []
+    disagree: list[str] = []
+    bpf = v.ooms[-1] if v.ooms else None
+    km = v.kmsg[-1] if v.kmsg else None
+    votes: list[bool] = []
+    limit_path: str | None = None
+    limit_id = 0
+    limit_bytes = usage = None
+    if bpf is not None:
+        votes.append(bpf.memcg)
+        limit_id = bpf.limit_cgroup_id if bpf.memcg else 0
+        limit_path = store.path(limit_id) if limit_id else None
+        if bpf.memcg:
+            limit_bytes, usage = bpf.limit_bytes or None, bpf.usage_bytes or None
+        evidence.append((bpf.ts, say.bpf_oom(bpf, limit_path)))
+    if km is not None:
+        votes.append(km.memcg)
+        if km.memcg and km.oom_memcg:
+            if limit_path is None:
+                limit_path = km.oom_memcg
+                limit_id = store.id_of_path(km.oom_memcg) or 0
+            elif limit_path != km.oom_memcg:
+                disagree.append(say.cgroups_disagree(km.oom_memcg, limit_path))
+        evidence.append((km.ts, say.kmsg_oom(km)))
+    oom_ts = min([o.ts for o in v.ooms] + [k.ts for k in v.kmsg])
+    for s in v.signals:
+        # __oom_kill_process() sends the SIGKILL just before mark_oom_victim(): the signal
+        # may precede the OOM event by microseconds.
+        if s.sig == _signal.SIGKILL and s.si_code == SI_KERNEL and abs(s.ts - oom_ts) < SECOND:
+            evidence.append((s.ts, say.oom_killer_signal(s.sender_comm)))
+    memcg = any(votes)
+    if len(set(votes)) > 1:
+        disagree.append(say.CONSTRAINTS_DISAGREE)
+    sources = int(bpf is not None) + int(km is not None)
+
+    counter = oom_counter(store, limit_id or ex.cgroup_id, oom_ts) if memcg else None
+    if counter is not None:
+        evidence.append(counter)
+        sources += 1
+    evidence.append(v.exit_ev)
+    if limit_bytes is None and limit_id:
+        info = store.cgroups.get(limit_id)
+        limit_bytes = info.limit_bytes if info else None
+
+    # the picture around the kill
+    window = oom_ts - HISTORY_NS
+    peak = peak_ts = None
+    for smp in store.samples_between(limit_id, window, oom_ts) if limit_id else []:
+        if smp.usage_bytes is not None and (peak is None or smp.usage_bytes > peak):
+            peak, peak_ts = smp.usage_bytes, smp.ts
+    if usage is not None and (peak is None or usage >= peak):
+        peak, peak_ts = usage, oom_ts
+    parts = breakdown(store, ex, km, oom_ts)
+    ancestry = store.ancestry(ex.cgroup_id)
+    stall = store.stall_ns([*ancestry, limit_id], window, oom_ts) or None
+    host = store.host_at(oom_ts)
+    host_avail = host.mem_available if host else None
+    scope = None
+    if limit_id:
+        scope = "own" if limit_id == ex.cgroup_id else "ancestor"
+
+    confidence = HIGH if sources >= 2 and not disagree else MEDIUM if sources >= 1 else LOW
+    evidence.sort()
+    if memcg:
+        cause = CGROUP_OOM
+        where = store.cgroup_label(limit_id, limit_path)
+        summary, advice = say.cgroup_oom_text(
+            where, limit_bytes, scope, host_avail, stall, peak, HEADROOM
+        )
+    else:
+        cause, summary, advice = GLOBAL_OOM, say.GLOBAL_OOM_SUMMARY, say.GLOBAL_OOM_ADVICE
+    return Finding(
+        cause,
+        confidence,
+        summary,
+        advice,
+        tuple(evidence),
+        tuple(disagree),
+        signal="SIGKILL",
+        limit_cgroup=limit_path if memcg else None,
+        limit_scope=scope if memcg else None,
+        limit_bytes=limit_bytes if memcg else None,
+        usage_bytes=usage if memcg else None,
+        peak_bytes=peak if memcg else None,
+        peak_ts=peak_ts if memcg else None,
+        breakdown=parts,
+        stall_ns=stall,
+        host_available=host_avail,
+    )
+
+
+def oom_counter(store: Evidence, cgroup_id: int, oom_ts: int) -> Evidence_ | None:
+    """memory.events oom_kill (v2) / memory.oom_control oom_kill (v1) rising across the
+    kill: a third, independent source."""
+    samples = store.samples_between(cgroup_id, oom_ts - HISTORY_NS, oom_ts + SETTLE_NS)
+    before = [s for s in samples if s.ts < oom_ts and "oom_kill" in s.events]
+    after = [s for s in samples if s.ts >= oom_ts and "oom_kill" in s.events]
+    if before and after and after[-1].events["oom_kill"] > before[-1].events["oom_kill"]:
+        n = after[-1].events["oom_kill"] - before[-1].events["oom_kill"]
+        return (after[-1].ts, say.oom_counter_rose(after[-1].path, n))
+    return None
+
+
+def breakdown(
+    store: Evidence, ex: Exit, km: KmsgOom | None, oom_ts: int
+) -> tuple[tuple[str, int], ...]:
+    last: CgroupSample | None = None
+    for s in store.samples_between(ex.cgroup_id, oom_ts - 5 * SECOND, oom_ts):
+        last = s
+    fresh = last is not None and (
+        km is None or km.anon_rss_kb is None or (last.usage_bytes or 0) * 2 >= km.anon_rss_kb * 1024
+    )
+    if last is not None and last.stat and fresh:
+        keys = ("anon", "file", "shmem", "file_mapped")
+        return tuple((k, last.stat[k]) for k in keys if k in last.stat)
+    if km is not None:
+        pairs = (("anon", km.anon_rss_kb), ("file", km.file_rss_kb), ("shmem", km.shmem_rss_kb))
+        return tuple((k, val * 1024) for k, val in pairs if val is not None)
+    return ()
+
+
+# -- the GPU (the rules themselves are in tracer/analysis/gpu.py) ----------------------------
+
+
+def gpu_exit(v: ExitView) -> Finding | None:
+    """gpu_oom, device_reset, or an app_exit that GPU evidence explains (a recovered GPU OOM,
+    an Xid 31/43 fault)."""
+    store = v.ev.gpu
+    if not store.seen():
+        return None  # no GPU evidence in this recording at all (the common case: cheap)
+    ex = v.ex
+    f = gpu_rules.facts(store, ex, v.since)
+    if not (f.user or f.device_down):
+        return None
+    ws = ex.wait
+    crash = None
+    own_doing = ws.signal is None
+    if ws.signal is not None:
+        name = signal_name(ws.signal)
+        match = [s for s in v.signals if s.sig == ws.signal]
+        # abort() and faults are raised by the process itself (sender == the process); the
+        # OOM killer's and other processes' signals are not its own doing
+        own_doing = match[-1].sender_pid == ex.pid if match else ws.signal in _SELF_INFLICTED
+        crash = f"aborted ({name})" if ws.signal == _signal.SIGABRT else f"died of {name}"
+    finding = gpu_rules.judge(f, ex, v.exit_ev, own_doing=own_doing, crash=crash)
+    if finding is None:
+        return None
+    raised = [s for s in v.signals if s.sig == ws.signal and s.sender_pid == ex.pid]
+    if raised:
+        what = say.raised_by_itself(signal_name(raised[-1].sig))
+        evidence = tuple(sorted([*finding.evidence, (raised[-1].ts, what)]))
+        return _with(finding, evidence=evidence)
+    return finding
+
+
+def _with(f: Finding, **changes: object) -> Finding:
+    # f was made a moment ago by a rule and is not shared yet: set its fields in place
+    for name, value in changes.items():
+        object.__setattr__(f, name, value)
+    return f
+
+
+# -- signals ---------------------------------------------------------------------------------
+
+
+def signal_exit(v: ExitView, had_oom: bool) -> Finding:
+    ex = v.ex
+    ws = ex.wait
+    assert ws.signal is not None
+    name = signal_name(ws.signal)
+    core = " (core dumped)" if ws.core_dumped else ""
+    match = [s for s in v.signals if s.sig == ws.signal]
+    disagree: tuple[str, ...] = (say.oom_reported_yet_killed(name),) if had_oom else ()
+    if not match:
+        summary, advice = say.no_sender_text(name, core)
+        return Finding(
+            UNKNOWN,
+            LOW,
+            summary,
+            advice,
+            (v.exit_ev,),
+            disagreements=(*disagree, say.NO_SIGNAL_EVENT),
+        )
+    last = match[-1]
+    who = senders.classify(
+        last.sender_comm,
+        last.sender_pid,
+        ex.pid,
+        kernel=last.si_code == SI_KERNEL,
+        supervisor_pids=v.supervisor_pids,
+    )
+    if who.role == senders.ROLE_KERNEL and not ws.core_dumped and last.si_code == SI_KERNEL:
+        summary, advice = say.kernel_kill_text(name)
+        return Finding(
+            SIGNAL_KILL,
+            MEDIUM,
+            summary,
+            advice,
+            ((last.ts, say.sent_by_kernel(name)), v.exit_ev),
+            disagreements=disagree,
+            sender_role=who.role,
+        )
+    if who.role in (senders.ROLE_SELF, senders.ROLE_KERNEL):
+        # A fault the process raised itself (si_code > 0: SIGSEGV, SIGBUS, SIGFPE...) or
+        # abort(): the application crashed.
+        fault = last.si_code > 0 or who.role == senders.ROLE_KERNEL
+        summary, advice = say.self_inflicted_text(name, core, fault)
+        return Finding(
+            APP_EXIT,
+            HIGH,
+            summary,
+            advice,
+            ((last.ts, say.raised_by_itself(name)), v.exit_ev),
+            disagreements=disagree,
+            sender_role=who.role,
+        )
+    evidence: list[Evidence_] = [
+        (s.ts, say.signal_from(signal_name(s.sig), s.sender_pid, s.sender_comm))
+        for s in v.signals
+        if s.sender_pid != ex.pid
+    ]
+    evidence.append(v.exit_ev)
+    # A stop: SIGTERM first, then SIGKILL from the same sender after the grace period.
+    # (runtimes send each signal from a new `runc kill` process: match the sender by name)
+    term = [s for s in v.signals if s.sig == _signal.SIGTERM and s.sender_comm == last.sender_comm]
+    if ws.signal == _signal.SIGKILL and term:
+        how = say.stop_how((last.ts - term[0].ts) / 1e9)
+    else:
+        how = f"{name}{core}"
+    if who.role in (senders.ROLE_SUPERVISOR, senders.ROLE_KUBELET):
+        probe = probe_kill(v, last, who, how, evidence, disagree)
+        if probe is not None:
+            return probe
+    if who.role == senders.ROLE_OOM_DAEMON:
+        summary, advice = say.oom_daemon_text(who.description, how)
+    elif who.role == senders.ROLE_KUBELET:
+        summary, advice = say.kubelet_text(how)
+    elif who.role == senders.ROLE_SUPERVISOR:
+        summary, advice = say.supervisor_text(who.description, how)
+    else:
+        summary, advice = say.other_sender_text(
+            who.description, how, last.sender_comm, last.sender_pid
+        )
+    return Finding(
+        SIGNAL_KILL,
+        HIGH,
+        summary,
+        advice,
+        tuple(sorted(evidence)),
+        disagreements=disagree,
+        sender_pid=last.sender_pid,
+        sender_comm=last.sender_comm,
+        sender_role=who.role,
+    )
+
+
+def probe_kill(
+    v: ExitView,
+    last: Signal,
+    who: senders.Sender,
+    how: str,
+    evidence: list[Evidence_],
+    disagree: tuple[str, ...],
+) -> Finding | None:
+    """A supervisor's kill while the unit's health probes were failing."""
+    ex, store = v.ex, v.ev
+    start = last.ts - PROBE_WINDOW_NS
+    probes = store.probes_between(max(start, ex.start_ns), last.ts, v.unit)
+    if not probes:
+        return None
+    recent = probes[-3:]
+    failing = [p for p in recent if not p.ok or p.timed_out]
+    if not failing:
+        return None
+    stall = store.stall_ns(store.ancestry(ex.cgroup_id), start, last.ts)
+    psi = store.psi_peak(start, last.ts)
+    ev = [*evidence, *((p.ts, say.probe_line(p)) for p in recent)]
+    summary, advice = say.probe_kill_text(
+        who.description, how, say.probe_latencies(recent), stall, psi
+    )
+    return Finding(
+        PROBE_KILL,
+        HIGH if len(failing) >= 2 else MEDIUM,
+        summary,
+        advice,
+        tuple(sorted(ev)),
+        disagreements=disagree,
+        signal=signal_name(last.sig),
+        sender_pid=last.sender_pid,
+        sender_comm=last.sender_comm,
+        sender_role=who.role,
+        stall_ns=stall or None,
+    )

@@ -1,0 +1,246 @@
+"""Every sentence the verdict rules say: summaries, advice, evidence lines and disagreements.
+Pure string work, kept apart from the rules (tracer/analysis/rules.py) so that a rule reads as
+its logic and the words can change without touching it. (The GPU rules' words are in
+tracer/analysis/gpu.py, beside the one rule family that uses them.)
+"""
+
+from __future__ import annotations
+
+import functools
+
+from tracer.analysis.quantities import fmt_bytes, fmt_duration
+from tracer.events import Exit, KmsgOom, OomKill, ProbeSample, signal_name
+
+# -- exits -----------------------------------------------------------------------------------
+
+
+def describe_status(ex: Exit) -> str:
+    ws = ex.wait
+    if ws.signal is not None:
+        return f"pid {ex.pid} ({ex.comm}) killed by {signal_name(ws.signal)}" + (
+            " (core dumped)" if ws.core_dumped else ""
+        )
+    return f"pid {ex.pid} ({ex.comm}) exited with code {ws.code}"
+
+
+@functools.lru_cache(maxsize=1024)
+def app_exit_text(code: int, alloc_failures: bool) -> tuple[str, str]:
+    """An app_exit verdict's summary and advice: one shared copy per exit code (thousands of
+    kept verdicts of a crash-looping program would each hold their own otherwise)."""
+    note = "; memory allocation failures preceded it" if alloc_failures else ""
+    advice = ""
+    if code != 0:
+        advice = f"the application chose to exit: read its own log for why it returned {code}"
+        if note:
+            advice += (
+                "; it ran out of memory it was allowed and handled it itself: raise "
+                "the limit or lower its memory use"
+            )
+    return f"exited on its own with code {code}{note}", advice
+
+
+OOM_REPORTED_YET_EXITED = "an OOM kill was reported for this pid, yet it exited on its own"
+
+
+def oom_reported_yet_killed(name: str) -> str:
+    return f"an OOM kill was reported for this pid, yet it died of {name}"
+
+
+def failcnt_rose(path: str, n: int) -> str:
+    return f"memory.failcnt of {path} rose by {n}: charges failed"
+
+
+def events_rose(key: str, path: str, n: int) -> str:
+    return f"memory.events {key} of {path} rose by {n}"
+
+
+def own_stalls(n: int, total_ns: int) -> str:
+    return f"{n} long reclaim stalls ({total_ns / 1e6:.0f} ms) of this process"
+
+
+# -- OOM kills -------------------------------------------------------------------------------
+
+
+def bpf_oom(bpf: OomKill, limit_path: str | None) -> str:
+    where = f" in {limit_path}" if limit_path else ""
+    return (
+        f"[{bpf.rung}] OOM killer chose pid {bpf.victim_pid}, "
+        f"{'memcg' if bpf.memcg else 'global'}{where}"
+    )
+
+
+def kmsg_oom(km: KmsgOom) -> str:
+    rss = f", anon-rss {km.anon_rss_kb} kB" if km.anon_rss_kb is not None else ""
+    return (
+        f"kernel log: {km.constraint or 'OOM report'}"
+        + (f", oom_memcg={km.oom_memcg}" if km.oom_memcg else "")
+        + rss
+    )
+
+
+def oom_killer_signal(sender_comm: str) -> str:
+    return f"SIGKILL from the kernel (the OOM killer, running in {sender_comm})"
+
+
+def oom_counter_rose(path: str, n: int) -> str:
+    return f"oom_kill counter of {path} rose by {n}"
+
+
+def cgroups_disagree(kmsg_memcg: str, bpf_path: str) -> str:
+    return f"kernel log names {kmsg_memcg} as the OOM cgroup, BPF found {bpf_path} at its limit"
+
+
+CONSTRAINTS_DISAGREE = "BPF and the kernel log disagree on memcg vs global constraint"
+
+
+def cgroup_oom_text(
+    where: str,
+    limit_bytes: int | None,
+    scope: str | None,
+    host_avail: int | None,
+    stall: int | None,
+    peak: int | None,
+    headroom: float,
+) -> tuple[str, str]:
+    whose = {"own": "its own cgroup", "ancestor": "the ancestor"}.get(scope or "", "")
+    summary = f"OOM-killed: {where} hit its limit {fmt_bytes(limit_bytes)}" + (
+        f" ({whose})" if whose else ""
+    )
+    if host_avail is not None:
+        summary += f"; the host had {fmt_bytes(host_avail)} available"
+    if stall:
+        summary += f"; {fmt_duration(stall)} of reclaim stalls in the minute before"
+    target = int((peak or limit_bytes or 0) * (1 + headroom))
+    advice = (
+        f"peak {fmt_bytes(peak)} vs effective limit {fmt_bytes(limit_bytes)} set "
+        f"on {where}: keep >= 15% headroom (>= {fmt_bytes(target)}) or raise "
+        f"{'the parent' if scope == 'ancestor' else 'that'} limit"
+    )
+    return summary, advice
+
+
+GLOBAL_OOM_SUMMARY = "OOM-killed by the host's OOM killer: the whole machine ran out of memory"
+GLOBAL_OOM_ADVICE = (
+    "the host itself was exhausted: find the largest consumers, add memory, "
+    "or set per-service limits so one service cannot starve the rest"
+)
+
+# -- signals ---------------------------------------------------------------------------------
+
+
+def no_sender_text(name: str, core: str) -> tuple[str, str]:
+    return (
+        f"killed by {name}{core}, but neither its sender nor an OOM kill was seen",
+        "record from before the exit with the signal hook attached "
+        "(whyrestart doctor); exit status alone does not tell who killed it",
+    )
+
+
+NO_SIGNAL_EVENT = "no signal event for this exit"
+
+
+def kernel_kill_text(name: str) -> tuple[str, str]:
+    return (
+        f"killed by the kernel with {name} (not an OOM kill: e.g. the init "
+        "process of its container or PID namespace exited and took it down)",
+        "look at why its container's main process ended: this process went down with it",
+    )
+
+
+def sent_by_kernel(name: str) -> str:
+    return f"{name} sent by the kernel"
+
+
+def raised_by_itself(name: str) -> str:
+    return f"{name} raised by the process itself"
+
+
+def self_inflicted_text(name: str, core: str, fault: bool) -> tuple[str, str]:
+    if fault:
+        return (
+            f"crashed with {name}{core}",
+            "the process faulted: look at its core dump or stack trace",
+        )
+    return (
+        f"killed itself with {name}{core} (e.g. abort())",
+        "the application aborted: read its own log for the reason",
+    )
+
+
+def signal_from(name: str, sender_pid: int, sender_comm: str) -> str:
+    return f"{name} from pid {sender_pid} ({sender_comm})"
+
+
+def stop_how(grace_s: float) -> str:
+    return f"SIGTERM, then SIGKILL {grace_s:.1f} s later (the stop grace period ran out)"
+
+
+def oom_daemon_text(who: str, how: str) -> tuple[str, str]:
+    return (
+        f"killed by {who} with {how}: memory pressure",
+        "a user-space OOM killer acted on memory pressure before the kernel "
+        "would have: check its thresholds (PSI, free memory) and this "
+        "service's memory use",
+    )
+
+
+def kubelet_text(how: str) -> tuple[str, str]:
+    return (
+        f"killed by the kubelet with {how}",
+        "the kubelet killed it: a failing liveness probe, an eviction or a pod "
+        "deletion; check `kubectl describe pod` events for which",
+    )
+
+
+def supervisor_text(who: str, how: str) -> tuple[str, str]:
+    return (
+        f"stopped by {who} with {how}",
+        "the supervisor stopped it (a stop, redeploy or restart policy): check "
+        "the supervisor's log for why",
+    )
+
+
+def other_sender_text(who: str, how: str, sender_comm: str, sender_pid: int) -> tuple[str, str]:
+    return (
+        f"killed by {how} from {who}",
+        f"{sender_comm} (pid {sender_pid}) stopped it: check why that "
+        "sender acted (a redeploy, a stop, a manual kill, a watchdog)",
+    )
+
+
+# -- health probes ---------------------------------------------------------------------------
+
+
+def probe_latencies(recent: list[ProbeSample]) -> str:
+    return ", ".join(
+        f"{p.latency_ns / 1e6:.0f} ms{' (timed out)' if p.timed_out else ''}"
+        f"{'' if p.ok else ' failed'}"
+        for p in recent
+    )
+
+
+def probe_line(p: ProbeSample) -> str:
+    outcome = "timed out" if p.timed_out else "ok" if p.ok else f"failed ({p.error or p.status})"
+    return f"probe {p.target}: {p.latency_ns / 1e6:.0f} ms, {outcome}"
+
+
+def probe_kill_text(who: str, how: str, lat: str, stall: int, psi: float | None) -> tuple[str, str]:
+    context = ""
+    if stall:
+        context += f"; {fmt_duration(stall)} of reclaim stalls in the minute before"
+    if psi is not None:
+        context += f"; memory PSI some peaked at {psi:.1f}%"
+    summary = f"killed by {who} with {how} after failing health probes (last: {lat}){context}"
+    if stall:
+        advice = (
+            f"the probe failed during {fmt_duration(stall)} of reclaim stalls: give the "
+            "service memory headroom and raise the probe timeout; don't hide real "
+            "hangs"
+        )
+    else:
+        advice = (
+            "the health probe failed and the supervisor killed it: find why the "
+            "service stopped answering (its log, a deadlock, CPU starvation) before "
+            "loosening the probe"
+        )
+    return summary, advice
