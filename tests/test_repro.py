@@ -302,3 +302,41 @@ def test_cli_json(tmp_path: Path) -> None:
     assert doc["smallest_surviving"]["setting"] == "256M"
     assert 0 < doc["smallest_surviving"]["headroom_pct"] < 100
     assert "repro: run 2/2" in r.stderr
+
+
+@pytest.mark.root
+def test_probe_results_are_in_the_runs_trace_which_replays_to_the_printed_verdict(
+    tmp_path: Path,
+) -> None:
+    """A probe that always fails (nothing listens on port 1) makes repro kill a workload that
+    would otherwise sleep: every probe result is in the run's trace, and replaying the trace
+    judges the run's deciding process exactly as repro printed it."""
+    from tracer.events import ProbeSample
+    from tracer.sources.cgroupfs import CgroupLayout
+    from tracer.trace.reader import read_trace
+
+    plan = _plan(
+        memory_max="256M",
+        probe="tcp://127.0.0.1:1",
+        probe_interval="100ms",
+        probe_failures=2,
+        duration=30.0,
+        command=[sys.executable, "-c", "import time; time.sleep(60)"],
+        out_dir=str(tmp_path / "runs"),
+        memory_version=CgroupLayout.from_system().memory_version,
+    )
+    (run,) = Experiment(plan).run().runs
+    assert (run.outcome, run.liveness_kill) == (KILLED, True)
+    probes = [ev for ev in read_trace(run.trace).events if isinstance(ev, ProbeSample)]
+    assert len(probes) == run.probes >= 2
+    assert run.probe_failures == len(probes)  # nothing listens: every probe failed
+    assert {p.target for p in probes} == {"tcp://127.0.0.1:1"}
+    printed = run.to_json()["verdict"]
+    assert printed is not None
+    r = CliRunner().invoke(main, ["explain", "--json", run.trace])
+    assert r.exit_code == 0, r.stderr
+    replayed = [v for v in orjson.loads(r.stdout)["verdicts"] if v["pid"] == printed["pid"]]
+    assert [
+        {k: v[k] for k in ("pid", "comm", "cause", "confidence", "summary", "advice")}
+        for v in replayed
+    ] == [printed]

@@ -20,8 +20,9 @@ cgroup is killed and the cgroup removed.
 Probes: with ``--probe`` a probe runs beside each run (``tracer.sources.probes.Prober``). Like a
 kubelet liveness probe, ``--probe-failures`` consecutive failures (default 3; 0 turns it off)
 make repro kill the workload, so varying ``--probe-timeout`` shows which timeout the workload
-survives. Probe results are counted here; the recorder does not take probe samples into the
-trace, so they are not in the run's trace file.
+survives. Every probe result is a source of the run's recording (``ProbeSample`` events), so a
+run's trace holds the probes that judged it and replays to the verdicts repro printed; the
+run's probe counts are read back from its trace.
 """
 
 from __future__ import annotations
@@ -547,7 +548,9 @@ def default_parent(layout: CgroupLayout) -> str:
 
 class _Liveness:
     """Runs the probe beside a run and, like a kubelet liveness probe, kills the workload after
-    ``failures`` consecutive failures (never when ``failures`` is 0)."""
+    ``failures`` consecutive failures (never when ``failures`` is 0). It is a source of the
+    run's recording: it starts when the recording does (``delay_s`` counts from then) and its
+    results go into the run's trace."""
 
     def __init__(
         self,
@@ -564,7 +567,11 @@ class _Liveness:
         self.failures = failures
         self.delay_s = delay_s
         self.cgroup = cgroup
+        from tracer.pipeline.sources import ProbeResultsSource
+
         self.results: list[ProbeResult] = []
+        # the recording's view of the results: each goes into the run's trace
+        self.source = ProbeResultsSource(spec.text, on_start=self.start, on_stop=self.stop)
         self.killed_at_ns: int | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="repro-liveness", daemon=True)
@@ -574,7 +581,8 @@ class _Liveness:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(self.timeout_s + 10)
+        if self._thread.is_alive():
+            self._thread.join(self.timeout_s + 10)
 
     def _run(self) -> None:
         from tracer.sources.probes import Prober
@@ -585,11 +593,16 @@ class _Liveness:
         with Prober(self.spec, self.interval_s, self.timeout_s) as prober:
             while not self._stop.wait(0.05):
                 for r in prober.poll():
-                    self.results.append(r)
+                    self._take(r)
                     consecutive = 0 if r.ok else consecutive + 1
                     if self.failures and consecutive >= self.failures and self.killed_at_ns is None:
                         self._kill()
-            self.results.extend(prober.poll())
+            for r in prober.poll():
+                self._take(r)
+
+    def _take(self, r: ProbeResult) -> None:
+        self.results.append(r)
+        self.source.put(r)
 
     def _kill(self) -> None:
         self.killed_at_ns = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
@@ -690,9 +703,6 @@ class Experiment:
         live: _Liveness | None = None
         with ChildCgroup(parent, name, limit, high_bytes=high, layout=layout) as cg:
             procs = os.path.join(cg.abs_path, "cgroup.procs")
-            rec = Recorder(
-                trace, Targets(command=in_cgroup(procs, plan.command)), duration=plan.duration_s
-            )
             if plan.probe is not None:
                 timeout = setting.value if plan.kind == PROBE_TIMEOUT else plan.probe_timeout_s
                 assert timeout is not None
@@ -704,7 +714,12 @@ class Experiment:
                     plan.probe_delay_s,
                     cg,
                 )
-                live.start()
+            rec = Recorder(
+                trace,
+                Targets(command=in_cgroup(procs, plan.command)),
+                duration=plan.duration_s,
+                sources=[live.source] if live is not None else (),
+            )
             try:
                 rec_result = rec.run()
             finally:
@@ -749,14 +764,11 @@ class Experiment:
         result.duration_s = (end - start) / 1e9
         if result.peak_bytes is None:
             result.peak_bytes = peak_seen
-        # Probes: ours (the liveness thread) and any the recorder put in the trace.
+        # Probes: all of them are in the trace (the liveness prober is one of its sources).
         latencies = [p.latency_ns for p in trace_probes]
         result.probes = len(trace_probes)
         result.probe_failures = sum(1 for p in trace_probes if not p.ok or p.timed_out)
         if live is not None:
-            result.probes += len(live.results)
-            result.probe_failures += sum(1 for r in live.results if not r.ok)
-            latencies += [r.latency_ns for r in live.results]
             result.liveness_kill = live.killed_at_ns is not None
         result.max_probe_latency_s = max(latencies) / 1e9 if latencies else None
         if rec.reason.startswith("interrupted"):

@@ -1,0 +1,187 @@
+"""The enrichers of a recording (`tracer.pipeline.core.Enricher`): what user space adds to
+the kernel's events before they are ordered.
+
+* `WatchSet`: which pids and cgroups are watched: the kernel's filter, the samplers, the kernel
+  log's OOM reports (a report is kept when it concerns the watched set).
+* `Follow`: ``--container`` targets across restarts, and a runtime's exec health checks
+  (``tracer.follow.Follower``).
+* `CgroupNamer`: the kernel sends cgroup ids; each id gets one ``CgroupInfo`` (its path) and,
+  for a container or a systemd unit, one ``UnitInfo``, inserted before the first event that
+  mentions it, so that a reader of the trace never meets an id it cannot name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING
+
+import psutil
+
+from tracer.errors import UsageError
+from tracer.events import (
+    CgroupMkdir,
+    CgroupSample,
+    EffectiveLimit,
+    Event,
+    Exec,
+    Exit,
+    Fork,
+    GpuAllocFailure,
+    GpuOomRecovered,
+    KmsgOom,
+    OomKill,
+    ReclaimStall,
+    ReclaimSummary,
+    Signal,
+)
+
+if TYPE_CHECKING:
+    from tracer.bpf import hooks
+    from tracer.follow import Follower
+    from tracer.sources.cgroupfs import CgroupResolver
+    from tracer.sources.samplers import SamplerSet
+
+__all__ = ["CgroupNamer", "Follow", "WatchSet", "cgroup_ids"]
+
+MAX_KNOWN_PIDS = 65536
+
+
+class WatchSet:
+    """The watched set as the events change it.
+
+    Under --all, processes are not sampled one by one (every process forked on the host, ten
+    times a second, would cost more than the rest of the recorder, and verdicts do not use
+    them): the cgroups they run in are."""
+
+    def __init__(
+        self,
+        kernel: hooks.Probe,
+        samplers: SamplerSet,
+        resolver: CgroupResolver,
+        *,
+        every: bool,
+        pids: list[int],
+        cgroup_paths: list[str],
+    ) -> None:
+        self.kernel = kernel
+        self.samplers = samplers
+        self.resolver = resolver
+        self.every = every
+        # pids seen in the watched set (dict: insertion order, trimmed oldest-first); exited
+        # ones stay a while because their kernel-log OOM report can arrive after the exit
+        self.known_pids: dict[int, None] = {}
+        self.alive: set[int] = set(pids)  # the --pid targets still running
+        self.cgroup_paths = [p.rstrip("/") or "/" for p in cgroup_paths]
+        self._sampled_ids: set[int] = set()
+
+    def seed_pid(self, pid: int) -> None:
+        """Watch a running process and its descendants."""
+        self.watch_pid(pid)
+        try:
+            for child in psutil.Process(pid).children(recursive=True):
+                self.watch_pid(child.pid)
+        except psutil.Error:
+            pass
+
+    def watch_pid(self, pid: int) -> None:
+        self.kernel.watch_pid(pid)
+        self._know(pid)
+
+    def enrich(self, events: list[Event]) -> list[Event]:
+        every = self.every
+        samplers = self.samplers
+        for ev in events:
+            if isinstance(ev, Exit):
+                # the exit event, not the pid's absence: a zombie nobody reaps still "exists"
+                self.alive.discard(ev.pid)
+                samplers.unwatch_pid(ev.pid)
+            elif isinstance(ev, Fork):
+                if not every:
+                    self._know(ev.child_pid)
+                    samplers.watch_pid(ev.child_pid)
+            elif isinstance(ev, Exec):
+                if not every:
+                    self._know(ev.pid)
+                    samplers.watch_pid(ev.pid)
+                self.sample_cgroup(ev.cgroup_id)
+            elif isinstance(ev, OomKill) and ev.limit_cgroup_id:
+                self.sample_cgroup(ev.limit_cgroup_id)
+        return events
+
+    def sample_cgroup(self, cgroup_id: int) -> None:
+        if cgroup_id in self._sampled_ids:
+            return
+        self._sampled_ids.add(cgroup_id)
+        path = self.resolver.path_of(cgroup_id)
+        if path is not None:
+            with contextlib.suppress(UsageError):  # gone already: nothing to sample
+                self.samplers.watch_cgroup(path)
+
+    def _know(self, pid: int) -> None:
+        self.known_pids[pid] = None
+        if len(self.known_pids) > MAX_KNOWN_PIDS:
+            for old in list(self.known_pids)[: MAX_KNOWN_PIDS // 2]:
+                del self.known_pids[old]
+
+    def wants_kmsg(self, k: KmsgOom) -> bool:
+        if self.every or k.victim_pid in self.known_pids:
+            return True
+        return any(
+            k.task_memcg == p or k.task_memcg.startswith(p.rstrip("/") + "/")
+            for p in self.cgroup_paths
+        )
+
+
+class Follow:
+    """Followed containers' new cgroups join the kernel's watched set and the samplers; exec'd
+    health checks become probe samples."""
+
+    def __init__(self, follower: Follower, kernel: hooks.Probe, watch: WatchSet) -> None:
+        self.follower = follower
+        self.kernel = kernel
+        self.watch = watch
+
+    def enrich(self, events: list[Event]) -> list[Event]:
+        extra, new_ids = self.follower.on_events(events)
+        for cid in new_ids:
+            self.kernel.watch_cgroup(cid)
+            self.watch.sample_cgroup(cid)
+        return events + extra if extra else events
+
+
+class CgroupNamer:
+    def __init__(self, resolver: CgroupResolver, follower: Follower) -> None:
+        self.resolver = resolver
+        self.follower = follower
+        self._named: set[int] = {0}
+
+    def enrich(self, events: list[Event]) -> list[Event]:
+        out: list[Event] = []
+        named = self._named
+        for ev in events:
+            for cid in cgroup_ids(ev):
+                if cid not in named:
+                    named.add(cid)
+                    info = self.resolver.info(cid, ev.ts)
+                    if info is not None:
+                        out.append(info)
+                        unit = self.follower.name(cid, info.path, ev.ts)
+                        if unit is not None:
+                            out.append(unit)
+            out.append(ev)
+        return out
+
+
+def cgroup_ids(ev: Event) -> tuple[int, ...]:
+    """The cgroup ids an event mentions (the ones that need a name in the trace)."""
+    if isinstance(ev, Exit | Fork | Exec | GpuAllocFailure | GpuOomRecovered):
+        return (ev.cgroup_id,)
+    if isinstance(ev, Signal):
+        return (ev.sender_cgroup_id,)
+    if isinstance(ev, OomKill):
+        return (ev.victim_cgroup_id, ev.limit_cgroup_id)
+    if isinstance(ev, ReclaimStall):
+        return (ev.cgroup_id, ev.task_cgroup_id)
+    if isinstance(ev, ReclaimSummary | CgroupSample | EffectiveLimit | CgroupMkdir):
+        return (ev.cgroup_id,)
+    return ()
