@@ -66,6 +66,18 @@ struct {
 	__type(value, __u8);
 } watched_cgroups SEC(".maps");
 
+/* Threads of watched processes: thread id -> tgid. The classic signal_generate and mark_victim
+ * tracepoints (the rungs for kernels without tp_btf, < 5.5) name their task by thread id only;
+ * a signal aimed at one thread (a fault in a worker, abort(), pthread_kill) must still find its
+ * process. Filled by the fork hook and by user space when it seeds a running process, emptied as
+ * threads exit; LRU, so it stays bounded whatever is missed. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u32);
+	__type(value, __u32);
+} watched_threads SEC(".maps");
+
 /* Failed ring-buffer reservations, per CPU: never lose an event silently. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -184,6 +196,19 @@ static __always_inline bool is_watched(struct task_struct *task, __u32 tgid)
 	return false;
 }
 
+/* The process of a task that a classic tracepoint names by thread id: the current task's when
+ * it is that thread (a fault, abort(), an OOM the victim triggered), a watched process's thread
+ * from watched_threads, else the id itself (kill(2) aims at the leader, whose id is the tgid). */
+static __always_inline __u32 tgid_of_tid(__u32 tid, struct task_struct *cur)
+{
+	__u32 *tgid;
+
+	if (tid == BPF_CORE_READ(cur, pid))
+		return BPF_CORE_READ(cur, tgid);
+	tgid = bpf_map_lookup_elem(&watched_threads, &tid);
+	return tgid ? *tgid : tid;
+}
+
 static __always_inline void fill_hdr(struct wr_hdr *h, __u16 type, __u16 size, __u16 rung,
 				     struct task_struct *task)
 {
@@ -240,6 +265,11 @@ static __always_inline int handle_exit(struct task_struct *task, int group_dead,
 	__u64 start;
 	__u32 flags;
 
+	if (!cfg.filter_all && BPF_CORE_READ(task, pid) != tgid) {
+		__u32 tid = BPF_CORE_READ(task, pid);
+
+		bpf_map_delete_elem(&watched_threads, &tid);
+	}
 	if (tgid == cfg.self_tgid || !group_dead)
 		return 0;
 	if (group_dead < 0 && BPF_CORE_READ(task, signal, live.counter) != 0)
@@ -322,14 +352,18 @@ static __always_inline int handle_signal(int sig, int si_code, struct task_struc
 
 	if (sig <= 0 || sig >= 64 || !((FATAL_SIGNALS >> sig) & 1))
 		return 0;
+	/* the classic tracepoint names the target by thread id only: the sender's own thread
+	 * (a fault, abort()) is a task we have */
+	if (!target && target_pid == BPF_CORE_READ(cur, pid))
+		target = cur;
 	if (target) {
 		tgid = BPF_CORE_READ(target, tgid);
 		if (tgid == cfg.self_tgid || !is_watched(target, tgid))
 			return 0;
 	} else {
-		/* the classic tracepoint names the target only by pid */
-		tgid = target_pid;
-		if (!cfg.filter_all && !bpf_map_lookup_elem(&watched_pids, &tgid))
+		tgid = tgid_of_tid(target_pid, cur);
+		if (tgid == cfg.self_tgid ||
+		    (!cfg.filter_all && !bpf_map_lookup_elem(&watched_pids, &tgid)))
 			return 0;
 	}
 
@@ -344,7 +378,7 @@ static __always_inline int handle_signal(int sig, int si_code, struct task_struc
 	e->group = group;
 	e->_pad = 0;
 	if (target)
-		BPF_CORE_READ_STR_INTO(&e->target_comm, target, comm);
+		BPF_CORE_READ_STR_INTO(&e->target_comm, target, group_leader, comm);
 	else
 		bpf_probe_read_kernel_str(&e->target_comm, sizeof(e->target_comm), target_comm);
 	bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
@@ -487,13 +521,19 @@ static __always_inline int handle_victim(struct task_struct *victim, __u32 victi
 	struct oom_ctx *oc = bpf_map_lookup_elem(&oom_ctxs, &tid);
 	struct wr_oom *e;
 
+	/* the classic tracepoint names the victim by thread id: often the thread whose
+	 * allocation failed, i.e. the current task */
+	if (!victim && victim_pid == BPF_CORE_READ(cur, pid))
+		victim = cur;
 	if (victim) {
 		victim_pid = BPF_CORE_READ(victim, tgid);
 		if (!is_watched(victim, victim_pid))
 			return 0;
-	} else if (!cfg.filter_all && !bpf_map_lookup_elem(&watched_pids, &victim_pid) &&
-		   !is_watched(cur, BPF_CORE_READ(cur, tgid))) {
-		return 0;
+	} else {
+		victim_pid = tgid_of_tid(victim_pid, cur);
+		if (!cfg.filter_all && !bpf_map_lookup_elem(&watched_pids, &victim_pid) &&
+		    !is_watched(cur, BPF_CORE_READ(cur, tgid)))
+			return 0;
 	}
 
 	e = reserve(sizeof(*e));
@@ -548,8 +588,8 @@ int oom_tp(struct trace_event_raw_mark_victim *ctx)
 }
 
 /* ---------------------------------------------------------------------------------------- */
-/* Lifecycle: a watched process's new processes are watched too (threads share the tgid and need
- * nothing). Fork records are only sent when filtering (under --all every exit is reported anyway
+/* Lifecycle: a watched process's new processes are watched too (its new threads only go into
+ * watched_threads, for the classic tracepoints). Fork records are only sent when filtering (under --all every exit is reported anyway
  * and a fork storm would double the ring traffic). raw_tp twins carry the same arguments as
  * tp_btf and are the fallback where tp_btf is missing. */
 
@@ -561,10 +601,15 @@ static __always_inline int handle_fork(struct task_struct *parent, struct task_s
 	struct wr_fork *e;
 	__u8 one = 1;
 
-	if (cfg.filter_all || child_pid != BPF_CORE_READ(child, tgid))
+	if (cfg.filter_all)
 		return 0;
 	if (parent_tgid == cfg.self_tgid || !is_watched(parent, parent_tgid))
 		return 0;
+	if (child_pid != BPF_CORE_READ(child, tgid)) {
+		/* a new thread: only its process is needed, for the classic tracepoints */
+		bpf_map_update_elem(&watched_threads, &child_pid, &parent_tgid, BPF_ANY);
+		return 0;
+	}
 	bpf_map_update_elem(&watched_pids, &child_pid, &one, BPF_ANY);
 
 	e = reserve(sizeof(*e));

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.mt import build
-from tracer.events import Exit, OomKill, Signal
+from tracer.events import Event, Exit, OomKill, Signal
 from tracer.record import Recorder, RecordResult, Targets
 from tracer.sources.cgroupfs import CgroupLayout, ChildCgroup, own_memory_cgroup
 from tracer.trace.reader import read_trace
@@ -99,36 +99,96 @@ def test_sigkilled_multithreaded_processes_have_one_exit_each(tmp_path: Path, mt
 def test_every_exit_rung_sends_one_exit_per_process(
     tmp_path: Path, mtwork: Path, disabled: tuple[str, ...], rung: str
 ) -> None:
+    n = STORM // 3
+    out = tmp_path / "statuses"
+    rungs, events = probe_events([str(mtwork), "storm", str(n), str(out)], disabled)
+    assert rungs["exit"] == rung
+    seen = {int(p): int(s) for p, s in (ln.split() for ln in out.read_text().split("\n") if ln)}
+    assert len(seen) == n
+    mine = [e for e in events if isinstance(e, Exit) and e.pid in seen]
+    assert Counter(e.pid for e in mine) == Counter(dict.fromkeys(seen, 1))
+    assert {e.pid: (e.comm, e.status) for e in mine} == {p: ("mtwork", s) for p, s in seen.items()}
+
+
+def probe_events(
+    argv: list[str], disabled: tuple[str, ...], memcg_v1: bool = False
+) -> tuple[dict[str, str | None], list[Event]]:
+    """Run argv watched by the BPF object alone with some programs switched off (to force a
+    fallback rung on this kernel): the rungs that attached, and every record decoded."""
     from tracer.bpf import hooks, layout
     from tracer.bpf.decode import Decoder
     from tracer.bpf.libbpf import RingBuffer
     from tracer.spawn import GatedChild
 
-    n = STORM // 3
-    out = tmp_path / "statuses"
-    config = layout.WrConfig(self_tgid=os.getpid(), stall_threshold_ns=1 << 62)
+    config = layout.WrConfig(
+        self_tgid=os.getpid(), stall_threshold_ns=1 << 62, memcg_v1=int(memcg_v1)
+    )
     probe = hooks.Probe(config, disabled=disabled)
-    exits: list[Exit] = []
+    events: list[Event] = []
     try:
-        assert probe.attach().rungs["exit"] == rung
+        rungs = dict(probe.attach().rungs)
         rb = RingBuffer(probe.events)
-        decoder = Decoder()
-        child = GatedChild([str(mtwork), "storm", str(n), str(out)])
+        decoder = Decoder(page_size=os.sysconf("SC_PAGE_SIZE"))
+        child = GatedChild(argv)
         probe.watch_pid(child.pid)
         child.release()
         while True:
             done = child.poll() is not None
-            exits += [e for e in decoder.decode_batch(rb.drain(20)) if isinstance(e, Exit)]
+            events += decoder.decode_batch(rb.drain(20))
             if done:
                 break
         rb.free()
     finally:
         probe.close()
-    seen = {int(p): int(s) for p, s in (ln.split() for ln in out.read_text().split("\n") if ln)}
-    assert len(seen) == n
-    mine = [e for e in exits if e.pid in seen]
-    assert Counter(e.pid for e in mine) == Counter(dict.fromkeys(seen, 1))
-    assert {e.pid: (e.comm, e.status) for e in mine} == {p: ("mtwork", s) for p, s in seen.items()}
+    return rungs, events
+
+
+CLASSIC = ("signal_btf", "oom_btf")  # off: the classic signal_generate and mark_victim rungs
+
+# SIGTERM aimed at a worker thread's id by another process (kill(2) takes a thread id too)
+KILL_A_WORKER = """
+import os, subprocess, sys
+p = subprocess.Popen([sys.argv[1], "wait", "5"], stdout=subprocess.PIPE)
+assert p.stdout.read(1) == b"r"
+tid = max(int(t) for t in os.listdir(f"/proc/{p.pid}/task"))
+subprocess.run(["kill", "-TERM", str(tid)], check=True)
+p.wait()
+"""
+
+
+@pytest.mark.parametrize("how", ["segv", "abort", "kill-a-worker"])
+def test_classic_signal_rung_finds_the_process_of_a_thread_directed_signal(
+    tmp_path: Path, mtwork: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    monkeypatch.setenv("MT_DIR", str(tmp_path))
+    if how == "kill-a-worker":
+        argv, sig = [sys.executable, "-c", KILL_A_WORKER, str(mtwork)], signal.SIGTERM
+    else:
+        argv = [str(mtwork), how, "5"]
+        sig = signal.SIGSEGV if how == "segv" else signal.SIGABRT
+    rungs, events = probe_events(argv, CLASSIC)
+    assert rungs["signal"] == "tracepoint"
+    [ex] = [e for e in events if isinstance(e, Exit) and e.comm == "mtwork"]
+    assert ex.wait.signal == sig
+    sigs = [e for e in events if isinstance(e, Signal) and e.sig == sig]
+    assert sigs and {s.target_pid for s in sigs} == {ex.pid}
+    if how != "kill-a-worker":  # (else the tracepoint's comm is the thread's: all it has)
+        assert {s.target_comm for s in sigs} == {"mtwork"}
+
+
+def test_classic_oom_rung_finds_the_process_of_a_worker_victim(
+    tmp_path: Path, mtwork: Path, parent_cgroup: str, layout: CgroupLayout
+) -> None:
+    with ChildCgroup(
+        parent_cgroup, f"wr-test-mtoomtp-{os.getpid()}", 64 * MiB, layout=layout
+    ) as cg:
+        procs = os.path.join(cg.abs_path, "cgroup.procs")
+        argv = ["sh", "-c", f'echo $$ > {procs} && exec "$@"', "sh", str(mtwork), "oom", "5"]
+        rungs, events = probe_events(argv, CLASSIC, memcg_v1=layout.memory_version == 1)
+    assert rungs["oom"] == "tracepoint"
+    [ex] = [e for e in events if isinstance(e, Exit) and e.comm == "mtwork"]
+    [oom] = [e for e in events if isinstance(e, OomKill)]
+    assert (oom.victim_pid, oom.memcg) == (ex.pid, True)
 
 
 # -- multi-threaded twins of the tests that kill, OOM or crash a process ----------------------

@@ -67,6 +67,23 @@ def test_signal_from_another_process_names_the_sender() -> None:
     assert v.confidence == "high"
 
 
+def test_the_first_delivered_signal_is_blamed_not_a_redundant_later_one() -> None:
+    # a user's SIGKILL, then conmon's own while the group is already exiting: the kernel
+    # reports conmon's as ignored (TRACE_SIGNAL_IGNORED), and the user's killed it
+    late = replace(sent(1.02, 300, 100, signal.SIGKILL, comm="conmon"), result=1)
+    v = one(sent(1.0, 200, 100, signal.SIGKILL), late, killed(1.03, 100, signal.SIGKILL))
+    assert (v.cause, v.sender_pid, v.sender_comm, v.sender_role) == (
+        "signal_kill",
+        200,
+        "kill",
+        "other",
+    )
+    # a signal that was already pending is not the one either
+    pending = replace(sent(0.9, 400, 100, signal.SIGTERM, comm="other"), result=2)
+    v = one(pending, sent(1.0, 200, 100), killed(1.03, 100, signal.SIGTERM))
+    assert (v.sender_pid, v.sender_comm) == (200, "kill")
+
+
 def test_signal_exit_without_a_sender_is_unknown_and_says_what_is_missing() -> None:
     v = one(killed(1.0, 100, signal.SIGTERM))
     assert (v.cause, v.confidence, v.sender_pid) == ("unknown", "low", None)

@@ -308,7 +308,8 @@ def gpu_exit(v: ExitView) -> Finding | None:
         match = [s for s in v.signals if s.sig == ws.signal]
         # abort() and faults are raised by the process itself (sender == the process); the
         # OOM killer's and other processes' signals are not its own doing
-        own_doing = match[-1].sender_pid == ex.pid if match else ws.signal in _SELF_INFLICTED
+        fatal = senders.fatal_signal(match)
+        own_doing = fatal.sender_pid == ex.pid if fatal else ws.signal in _SELF_INFLICTED
         crash = f"aborted ({name})" if ws.signal == _signal.SIGABRT else f"died of {name}"
     finding = gpu_rules.judge(f, ex, v.exit_ev, own_doing=own_doing, crash=crash)
     if finding is None:
@@ -349,7 +350,8 @@ def signal_exit(v: ExitView, had_oom: bool) -> Finding:
             (v.exit_ev,),
             disagreements=(*disagree, say.NO_SIGNAL_EVENT),
         )
-    last = match[-1]
+    last = senders.fatal_signal(match)
+    assert last is not None
     who = senders.classify(
         last.sender_comm,
         last.sender_pid,

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tracer.events import Signal
+
 # User-space OOM killers act on memory pressure (PSI or free memory) before the kernel does.
 OOM_DAEMONS = ("systemd-oomd", "earlyoom", "oomd", "nohang", "low-memory-mon", "lmkd")
 # Runtimes and supervisors stop (SIGTERM, then SIGKILL after a grace period) and restart.
@@ -71,6 +73,23 @@ def classify(
     if pid in supervisor_pids or pid == 1 or _matches(comm, SUPERVISORS):
         return Sender(ROLE_SUPERVISOR, f"{comm} (pid {pid}, a supervisor)")
     return Sender(ROLE_OTHER, f"{comm} (pid {pid})")
+
+
+# signal_generate results that left the signal pending (TRACE_SIGNAL_DELIVERED, and LOSE_INFO:
+# queued without its siginfo); IGNORED, ALREADY_PENDING and OVERFLOW_FAIL did not.
+_DELIVERED = (0, 4)
+
+
+def fatal_signal(signals: list[Signal]) -> Signal | None:
+    """Of the signals of the number a process died of, the one that killed it: the first that
+    the kernel delivered. Once a fatal signal is delivered the group is exiting and every later
+    one comes back ignored (prepare_signal()), e.g. conmon's redundant SIGKILL after a user's;
+    blaming the last one would name the latecomer. Without a delivered one (events missed),
+    the last one seen."""
+    for s in signals:
+        if s.result in _DELIVERED:
+            return s
+    return signals[-1] if signals else None
 
 
 # Supervisors that run programs as direct children and restart them (not container runtimes,

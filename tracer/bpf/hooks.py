@@ -248,8 +248,18 @@ class Probe:
 
     # -- maps -------------------------------------------------------------------------------
 
-    def watch_pid(self, pid: int) -> None:
+    def watch_pid(self, pid: int, proc_root: str = "/proc") -> None:
+        """Watch a process, and tell the kernel its threads running now (a signal or OOM that a
+        classic tracepoint names by thread id finds its process through watched_threads)."""
         self.watched_pids.update(ctypes.c_uint32(pid), ctypes.c_uint8(1))
+        try:
+            tids = [int(t) for t in os.listdir(os.path.join(proc_root, str(pid), "task"))]
+        except (OSError, ValueError):
+            return  # gone already, or not started yet (a gated child has one thread)
+        threads = self.obj.map("watched_threads")
+        for tid in tids:
+            if tid != pid:
+                threads.update(ctypes.c_uint32(tid), ctypes.c_uint32(pid))
 
     def follow_path(self, path: str) -> None:
         """Watch any cgroup later created at this path, from the kernel (see handle_mkdir)."""
