@@ -94,6 +94,12 @@ def test_podman_inspect_exited_with_restarts() -> None:
         oom_killed=False,
         pod=None,
         namespace=None,
+        # how the last run ended: exit 3 at FinishedAt (RFC 3339 with nanoseconds, the values
+        # worked out with datetime by hand)
+        exit_code=3,
+        started_ns=1796042285561505333,
+        finished_ns=1796042285584425170,
+        command="sh",
     )
 
 
@@ -405,6 +411,7 @@ def test_systemctl_show_parser() -> None:
         image="",
         state="activating",
         oom_killed=True,  # Result=oom-kill: systemd's claim
+        times_clock="monotonic",  # (this capture has no ExecMain* properties)
     )
     running = info_from_systemctl_show(
         "nginx", parse_systemctl_show((DATA / "systemctl_show_running.txt").read_text())
@@ -422,6 +429,24 @@ def test_systemctl_show_parser() -> None:
     old_info = info_from_systemctl_show("model-server", old)
     assert old_info is not None and old_info.restart_count is None
     assert parse_systemctl_show("junk line\nA=b=c\n") == {"A": "b=c"}
+    # how the main process last ended (systemd >= v232 property names): killed by signal 9
+    killed = dict(props)
+    killed.update(
+        ExecMainCode="2",
+        ExecMainStatus="9",
+        ExecMainPID="5150",
+        ExecMainStartTimestampMonotonic="1000000",
+        ExecMainExitTimestampMonotonic="2500000",
+    )
+    k = info_from_systemctl_show("model-server", killed)
+    assert k is not None
+    assert (k.exit_code, k.exit_pid, k.started_ns, k.finished_ns) == (137, 5150, 10**9, 25 * 10**8)
+    exited = {**killed, "ExecMainCode": "1", "ExecMainStatus": "42"}
+    e = info_from_systemctl_show("model-server", exited)
+    assert e is not None and e.exit_code == 42
+    never = {**killed, "ExecMainExitTimestampMonotonic": "0"}
+    n = info_from_systemctl_show("model-server", never)
+    assert n is not None and (n.exit_code, n.finished_ns, n.exit_pid) == (None, None, 0)
 
 
 def test_systemd_not_available_here_or_without_run_dir(tmp_path: Path) -> None:

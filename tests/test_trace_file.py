@@ -48,10 +48,12 @@ from tracer.events import (
     KmsgOom,
     Lost,
     OomKill,
+    OomKillCount,
     ProbeSample,
     ProcessSample,
     ReclaimStall,
     ReclaimSummary,
+    RuntimeExit,
     RuntimeSample,
     SampleError,
     Signal,
@@ -247,6 +249,18 @@ SAMPLES: list[Event] = [
         timed_out=True,
         status=None,
         error="timed out",
+    ),
+    RuntimeExit(
+        ts=12_000_100_000,
+        cgroup_id=8812,
+        unit="podman model",
+        source="podman",
+        exit_code=137,
+        pid=0,
+        oom_killed=False,
+    ),
+    OomKillCount(
+        ts=11_000_000_000, cgroup_id=8812, path="/machine/model", count=2, read_ns=13_000_000_000
     ),
     GpuAllocFailure(
         ts=12_000_050_000,

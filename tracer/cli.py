@@ -534,6 +534,108 @@ def explain(trace: str, as_json: bool, pids: tuple[int, ...], units: tuple[str, 
         _text(verdict_table(verdicts, clock, restarts=restarts, restart_counts=counts), nl=False)
 
 
+# -- postmortem (tracer/postmortem) ---------------------------------------------------------
+
+
+def postmortem_header(facts: Any) -> Any:
+    """The header a post-mortem's analyzer is built from, as a recording's would be: the
+    same ``analyzer_for`` then judges (no supervisor pids: none were given)."""
+    import platform
+
+    from tracer.trace.format import TraceHeader
+
+    return TraceHeader(
+        tool_version=__version__,
+        host=platform.node(),
+        kernel=platform.release(),
+        cgroup={"hierarchy": facts.hierarchy},
+        clock_offset_ns=facts.realtime_offset,
+        hooks={},
+        targets={"postmortem": {"kind": facts.target.kind, "spec": facts.target.spec}},
+        started_ns=facts.since_ns,
+    )
+
+
+@main.command()
+@click.option("--container", default=None, help="A container, by name or id (podman, Docker).")
+@click.option("--unit", default=None, help="A systemd unit.")
+@click.option("--pod", default=None, help="A Kubernetes pod on this node, NS/NAME.")
+@click.option("--cgroup", default=None, help="A memory cgroup path, e.g. /system.slice/x.service.")
+@click.option("--pid", default=None, help="A process id (the kernel log's OOM kills of it).")
+@click.option("--all", "all_", is_flag=True, help="Every OOM kill the kernel log still holds.")
+@click.option(
+    "--since", default=None, help="Only exits this recent: 30m, 1h, 2d (default: all known)."
+)
+@click.option("--json", "as_json", is_flag=True, help="The post-mortem as JSON (schema 1).")
+@_friendly
+def postmortem(
+    container: str | None,
+    unit: str | None,
+    pod: str | None,
+    cgroup: str | None,
+    pid: str | None,
+    all_: bool,
+    since: str | None,
+    as_json: bool,
+) -> None:
+    """Why did it restart? Asked after the fact, with no recording: the kernel log's OOM
+    reports, the memory cgroups' counters and limits now, and the runtime's record of the last
+    exit, judged by the same rules as `replay`. Says what only a recording could know, and the
+    command that records the next one.
+
+    \b
+    Examples:
+      sudo whyrestart postmortem --container llm
+      whyrestart postmortem --cgroup /system.slice/llama.service --since 2h --json
+    """
+    from tracer.postmortem import correlate, gather, report
+    from tracer.sources.probes import parse_duration
+
+    given = [
+        (k, v)
+        for k, v in (
+            ("container", container),
+            ("unit", unit),
+            ("pod", pod),
+            ("cgroup", cgroup),
+            ("pid", pid),
+            ("all", "" if all_ else None),
+        )
+        if v is not None
+    ]
+    if len(given) != 1:
+        raise UsageError(
+            "postmortem: name exactly one target",
+            "--container NAME, --unit U, --pod NS/NAME, --cgroup PATH, --pid PID or --all",
+        )
+    kind, spec = given[0]
+    since_s = _since_seconds(since, parse_duration) if since else None
+    facts = gather.gather(kind, spec, since_s)
+    asm = correlate.assemble(facts)
+    analyzer = analyzer_for(postmortem_header(facts))
+    verdicts = analyzer.feed_all(asm.events)
+    if as_json:
+        click.echo(_dumps(report.to_json(facts, asm, verdicts)))
+    else:
+        click.echo(report.text(facts, asm, verdicts), nl=False)
+
+
+def _since_seconds(text: str, parse_duration: Callable[[str], float]) -> float:
+    """``30m``, ``1h``, ``2d`` (and whatever the probe options accept) → seconds."""
+    units = {"m": 60, "h": 3600, "d": 86400}
+    t = text.strip()
+    try:
+        if t[-1:] in units and t[:-1].replace(".", "", 1).isdigit():
+            value = float(t[:-1]) * units[t[-1]]
+        else:
+            value = parse_duration(t)
+    except (UsageError, ValueError):
+        raise UsageError(f"--since {text}: not a duration", "e.g. 30m, 1h, 2d") from None
+    if value <= 0:
+        raise UsageError(f"--since {text}: must be positive", "e.g. 30m, 1h, 2d")
+    return value
+
+
 # -- report, export, repro (tracer/outputs, tracer/repro.py) -------------------------------
 
 

@@ -421,6 +421,32 @@ class RuntimeSample(Event, frozen=True, tag="runtime"):
     oom_killed: bool | None  # the runtime's claim (podman 4.3 says False for real cgroup OOMs)
 
 
+class RuntimeExit(Event, frozen=True, tag="runtime_exit"):
+    """A supervisor's own record of how a unit's main process last ended, stamped with the time
+    it gives (podman/docker ``State.FinishedAt``, systemd ``ExecMainExitTimestampMonotonic``),
+    brought onto CLOCK_BOOTTIME. Read after the fact by ``postmortem``: the runtime's word,
+    beside the kernel's. ``exit_code`` is as the runtime reports it (128 + n for signal n)."""
+
+    cgroup_id: int  # the unit's cgroup (as in UnitInfo), 0 when unknown
+    unit: str  # the unit label, as UnitInfo names it
+    source: str  # podman, docker, systemd
+    exit_code: int | None
+    pid: int  # the process that ended, 0 when the runtime does not keep it
+    oom_killed: bool | None  # the runtime's claim (Docker OOMKilled, systemd Result=oom-kill)
+
+
+class OomKillCount(Event, frozen=True, tag="oom_count"):
+    """A memory cgroup's cumulative ``oom_kill`` counter, read once after the fact: ``count``
+    OOM kills of its processes happened between ``ts`` and ``read_ns``. ``ts`` is the earliest
+    time this incarnation of the cgroup is known to have existed (the counter starts at 0 when
+    a cgroup is created, and a restarted container gets a new cgroup at the same path)."""
+
+    cgroup_id: int
+    path: str
+    count: int
+    read_ns: int
+
+
 class ProbeSample(Event, frozen=True, tag="probe"):
     """One health probe: ours (--probe) or a runtime's exec health check seen in the kernel."""
 
@@ -453,6 +479,8 @@ _ALL: tuple[type[Event], ...] = (
     CgroupMkdir,
     UnitInfo,
     RuntimeSample,
+    RuntimeExit,
+    OomKillCount,
     ProbeSample,
     GpuAllocFailure,
     GpuOomRecovered,

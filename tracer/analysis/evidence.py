@@ -24,9 +24,11 @@ from tracer.events import (
     HostSample,
     KmsgOom,
     OomKill,
+    OomKillCount,
     ProbeSample,
     ReclaimStall,
     ReclaimSummary,
+    RuntimeExit,
     RuntimeSample,
     Signal,
     UnitInfo,
@@ -80,6 +82,10 @@ class Evidence:
         self.ids_by_path: dict[str, int] = {}  # cgroup id -> what a runtime calls it
         self.probes: deque[ProbeSample] = deque(maxlen=4096)
         self.runtime: dict[str, list[RuntimeSample]] = {}  # unit label -> samples
+        # what post-mortem reads after the fact: a supervisor's record of an exit, per cgroup
+        # id, and cumulative oom_kill counters (the newest reading per cgroup id)
+        self.runtime_exits: dict[int, list[RuntimeExit]] = {}
+        self.oom_counts: dict[int, OomKillCount] = {}
         self.gpu = GpuStore()  # GPU events: tracer/analysis/gpu.py
         self.evicted = 0
         # what the store does with each kind of event it keeps (the analyzer calls these)
@@ -120,6 +126,8 @@ class Evidence:
             UnitInfo: lambda e: self.units.__setitem__(e.cgroup_id, e),
             ProbeSample: self.probes.append,
             RuntimeSample: lambda e: self.runtime.setdefault(e.unit, []).append(e),
+            RuntimeExit: self._runtime_exit,
+            OomKillCount: lambda e: self.oom_counts.__setitem__(e.cgroup_id, e),
         }
         for kind in GpuStore.KINDS:
             table[kind] = self.gpu.add
@@ -132,6 +140,13 @@ class Evidence:
             # a signal storm at one process: its newest signals are what a verdict reads
             del kept[:MAX_SIGNALS_PER_PID]
             self.evicted += MAX_SIGNALS_PER_PID
+
+    def _runtime_exit(self, ev: RuntimeExit) -> None:
+        kept = self.runtime_exits.setdefault(ev.cgroup_id, [])
+        kept.append(ev)
+        if len(kept) > MAX_SIGNALS_PER_PID:  # (one per restart: bounded all the same)
+            del kept[0]
+            self.evicted += 1
 
     def _cgroup_info(self, ev: CgroupInfo) -> None:
         self.cgroups[ev.cgroup_id] = ev

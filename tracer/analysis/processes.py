@@ -115,7 +115,7 @@ class ProcessTable:
             return self.first[proc.cgroup_id] == pid
         procs = self.procs
         parent = procs.get(proc.ppid)
-        if parent is None:
+        if parent is None or parent is proc:  # (pid 0: a pid no runtime kept, post-mortem)
             return True
         if IS_PLUMBING[parent.comm]:
             # look through the runtime's setup processes to whoever started the container

@@ -205,6 +205,10 @@ def oom_kill(v: ExitView) -> Finding:
     if counter is not None:
         evidence.append(counter)
         sources += 1
+    said = runtime_exit(store, ex)
+    if said is not None:
+        evidence.append(said)
+        sources += 1
     evidence.append(v.exit_ev)
     if limit_bytes is None and limit_id:
         info = store.cgroups.get(limit_id)
@@ -266,7 +270,63 @@ def oom_counter(store: Evidence, cgroup_id: int, oom_ts: int) -> Evidence_ | Non
     if before and after and after[-1].events["oom_kill"] > before[-1].events["oom_kill"]:
         n = after[-1].events["oom_kill"] - before[-1].events["oom_kill"]
         return (after[-1].ts, say.oom_counter_rose(after[-1].path, n))
+    # read after the fact (post-mortem): a counter that started at 0 before the kill
+    total = store.oom_counts.get(cgroup_id)
+    if total is not None and total.count > 0 and total.ts <= oom_ts <= total.read_ns:
+        return (total.read_ns, say.oom_count_reads(total.path, total.count))
     return None
+
+
+def runtime_exit(store: Evidence, ex: Exit) -> Evidence_ | None:
+    """The supervisor's own record of this very exit, read after the fact (post-mortem): its
+    main process ended by SIGKILL (code 137) at this time. The runtime saw the death itself
+    (conmon, containerd-shim and systemd wait for their child), so it is a source beside the
+    kernel's log; its OOMKilled flag is quoted, not trusted (podman 4.3 says false for real
+    OOM kills)."""
+    for r in store.runtime_exits.get(ex.cgroup_id, ()):
+        if (
+            r.exit_code == 128 + _signal.SIGKILL
+            and r.pid in (0, ex.pid)
+            and abs(r.ts - ex.ts) <= SETTLE_NS
+        ):
+            return (r.ts, say.runtime_exit_says(r.source, r.unit, r.exit_code, r.oom_killed))
+    return None
+
+
+def counted_oom(v: ExitView) -> Finding | None:
+    """A SIGKILL with no sender and no OOM report seen, where a memory cgroup's OOM counter
+    (or a runtime's flag read from one: Docker's OOMKilled, systemd's Result=oom-kill) says an
+    OOM kill happened in its cgroup during its life: cgroup_oom at medium confidence, since a
+    counter names no victim."""
+    ex, store = v.ex, v.ev
+    evidence: list[Evidence_] = []
+    where_id = 0
+    for cid in store.ancestry(ex.cgroup_id):
+        total = store.oom_counts.get(cid)
+        if total is not None and total.count > 0 and total.ts <= ex.ts <= total.read_ns:
+            evidence.append((total.read_ns, say.oom_count_reads(total.path, total.count)))
+            where_id = where_id or cid
+    for r in store.runtime_exits.get(ex.cgroup_id, ()):
+        if r.oom_killed and r.pid in (0, ex.pid) and abs(r.ts - ex.ts) <= SETTLE_NS:
+            evidence.append((r.ts, say.runtime_says_oom(r.source, r.unit)))
+            where_id = where_id or ex.cgroup_id
+    if not evidence:
+        return None
+    path = store.path(where_id)
+    info = store.cgroups.get(where_id)
+    limit = info.limit_bytes if info else None
+    summary, advice = say.counted_oom_text(store.cgroup_label(where_id, path), limit)
+    return Finding(
+        CGROUP_OOM,
+        MEDIUM,
+        summary,
+        advice,
+        tuple(sorted([*evidence, v.exit_ev])),
+        signal="SIGKILL",
+        limit_cgroup=path,
+        limit_scope=("own" if where_id == ex.cgroup_id else "ancestor") if path else None,
+        limit_bytes=limit,
+    )
 
 
 def breakdown(
@@ -341,6 +401,10 @@ def signal_exit(v: ExitView, had_oom: bool) -> Finding:
     match = [s for s in v.signals if s.sig == ws.signal]
     disagree: tuple[str, ...] = (say.oom_reported_yet_killed(name),) if had_oom else ()
     if not match:
+        if ws.signal == _signal.SIGKILL and not had_oom:
+            counted = counted_oom(v)
+            if counted is not None:
+                return counted
         summary, advice = say.no_sender_text(name, core)
         return Finding(
             UNKNOWN,

@@ -86,6 +86,29 @@ def oom_counter_rose(path: str, n: int) -> str:
     return f"oom_kill counter of {path} rose by {n}"
 
 
+def oom_count_reads(path: str, n: int) -> str:
+    return f"oom_kill counter of {path} reads {n} (OOM kills since the cgroup was created)"
+
+
+def runtime_exit_says(source: str, unit: str, code: int | None, oom_flag: bool | None) -> str:
+    flag = "" if oom_flag is None else f" (its OOMKilled flag: {oom_flag})"
+    return f"{source} says {unit} exited with code {code}{flag}"
+
+
+def runtime_says_oom(source: str, unit: str) -> str:
+    return f"{source} says {unit} was OOM-killed"
+
+
+def counted_oom_text(where: str, limit_bytes: int | None) -> tuple[str, str]:
+    """A SIGKILL that only a cgroup's OOM counter (or a runtime's flag read from one) explains."""
+    return (
+        f"OOM-killed, by the count of OOM kills in {where} (limit {fmt_bytes(limit_bytes)}); "
+        "no OOM report for this process was seen to name the victim",
+        f"raise the limit of {where} or lower its memory use; record the next one to see the "
+        "kill itself (whyrestart record)",
+    )
+
+
 def cgroups_disagree(kmsg_memcg: str, bpf_path: str) -> str:
     return f"kernel log names {kmsg_memcg} as the OOM cgroup, BPF found {bpf_path} at its limit"
 

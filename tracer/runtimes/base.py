@@ -64,6 +64,17 @@ class ContainerInfo:
     oom_killed: bool | None  # the runtime's claim; None when it makes none
     pod: str | None = None  # Kubernetes pod name (podman: the pod id) when there is one
     namespace: str | None = None  # Kubernetes namespace
+    # How the main process last ended and when it last started, as the supervisor keeps it
+    # (read by post-mortem). exit_code: 128 + n for signal n, as runtimes report it; None when
+    # it never ended. Times are ns on ``times_clock``: "realtime" (podman/docker FinishedAt,
+    # RFC 3339) or "monotonic" (systemd's *TimestampMonotonic); None when unknown.
+    exit_code: int | None = None
+    exit_pid: int = 0  # the process that ended (systemd keeps it; runtimes do not: 0)
+    started_ns: int | None = None
+    finished_ns: int | None = None
+    times_clock: str = "realtime"
+    command: str = ""  # the main program's name, as configured ("" when unknown)
+    health: tuple[tuple[int, int, int], ...] = ()  # health log: (start ns, end ns, exit code)
 
 
 class LookupFailed(Exception):
@@ -266,6 +277,42 @@ def restart_policy_text(policy: Mapping[str, Any]) -> str:
     name = get_str(policy, "Name") or "no"
     retries = get_int(policy, "MaximumRetryCount") or 0
     return f"{name}:{retries}" if name == "on-failure" and retries > 0 else name
+
+
+def exit_state(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """The exit state of a Docker-shaped inspect document (Docker and podman share these
+    names): ``State.ExitCode``, ``State.StartedAt``/``FinishedAt`` (RFC 3339, Go's zero time
+    for "never"), ``State.Health.Log`` (podman 4.3: also ``State.Healthcheck``) and the main
+    program (``Path``, else ``Config.Cmd[0]``), as ``ContainerInfo`` keyword arguments."""
+    from tracer.clock import parse_rfc3339_ns
+
+    state = get_dict(obj, "State")
+    started = parse_rfc3339_ns(get_str(state, "StartedAt"))
+    finished = parse_rfc3339_ns(get_str(state, "FinishedAt"))
+    running = get_bool(state, "Running") or get_str(state, "Status") == "running"
+    ended = finished is not None and not running and (started is None or finished >= started)
+    command = get_str(obj, "Path")
+    if not command:
+        cmd = get_dict(obj, "Config").get("Cmd")
+        command = cmd[0] if isinstance(cmd, list) and cmd and isinstance(cmd[0], str) else ""
+    health = get_dict(state, "Health") or get_dict(state, "Healthcheck")
+    log_entries = health.get("Log")
+    checks: list[tuple[int, int, int]] = []
+    for entry in log_entries if isinstance(log_entries, list) else []:
+        if not isinstance(entry, Mapping):
+            continue
+        start = parse_rfc3339_ns(get_str(entry, "Start"))
+        end = parse_rfc3339_ns(get_str(entry, "End"))
+        code = get_int(entry, "ExitCode")
+        if start is not None and end is not None and code is not None:
+            checks.append((start, end, code))
+    return {
+        "exit_code": get_int(state, "ExitCode") if ended else None,
+        "started_ns": started,
+        "finished_ns": finished if ended else None,
+        "command": command.rsplit("/", 1)[-1][:64],
+        "health": tuple(checks),
+    }
 
 
 def healthcheck_test(config: Mapping[str, Any]) -> tuple[str, ...] | None:

@@ -31,6 +31,7 @@ from tracer.runtimes.base import (
     ContainerInfo,
     LookupFailed,
     Runtime,
+    exit_state,
     get_bool,
     get_dict,
     get_int,
@@ -109,6 +110,7 @@ def info_from_docker_inspect(
         oom_killed=get_bool(state, "OOMKilled"),
         pod=pod,
         namespace=namespace,
+        **exit_state(obj),
     )
 
 

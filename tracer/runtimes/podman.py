@@ -30,6 +30,7 @@ from tracer.runtimes.base import (
     ContainerInfo,
     LookupFailed,
     Runtime,
+    exit_state,
     first_line,
     get_bool,
     get_dict,
@@ -74,6 +75,7 @@ def info_from_podman_inspect(obj: Mapping[str, Any]) -> ContainerInfo | None:
         oom_killed=get_bool(state, "OOMKilled"),
         pod=pod,
         namespace=None,
+        **exit_state(obj),
     )
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from typing import Any
 
 from tracer.runtimes.base import ContainerInfo, LookupFailed, Runtime, first_line, run_command
 
@@ -38,7 +39,16 @@ SHOW_PROPERTIES = (
     "NRestarts",
     "Restart",
     "Result",
+    # how the main process last ended (post-mortem): CLD_* code, status, pid, times
+    "ExecMainCode",
+    "ExecMainStatus",
+    "ExecMainPID",
+    "ExecMainStartTimestampMonotonic",
+    "ExecMainExitTimestampMonotonic",
 )
+
+# siginfo si_code values systemd reports in ExecMainCode
+_CLD_EXITED, _CLD_KILLED, _CLD_DUMPED = 1, 2, 3
 
 # Unit types that can have a main process and a restart count. A bare name means a service,
 # as it does for systemctl itself.
@@ -81,7 +91,29 @@ def info_from_systemctl_show(unit: str, props: dict[str, str]) -> ContainerInfo 
         oom_killed=(result == "oom-kill") if result else None,
         pod=None,
         namespace=None,
+        **_exit_state(props),
     )
+
+
+def _exit_state(props: dict[str, str]) -> dict[str, Any]:
+    """ExecMain* → the exit code as runtimes say it (128 + n for signal n), the pid systemd
+    kept, and the start/exit times (CLOCK_MONOTONIC ns; 0 means "never")."""
+    code, status = _int(props.get("ExecMainCode")), _int(props.get("ExecMainStatus"))
+    exited = _int(props.get("ExecMainExitTimestampMonotonic")) or 0
+    started = _int(props.get("ExecMainStartTimestampMonotonic")) or 0
+    exit_code = None
+    if exited and status is not None:
+        if code == _CLD_EXITED:
+            exit_code = status
+        elif code in (_CLD_KILLED, _CLD_DUMPED):
+            exit_code = 128 + status
+    return {
+        "exit_code": exit_code,
+        "exit_pid": (_int(props.get("ExecMainPID")) or 0) if exited else 0,
+        "started_ns": started * 1000 if started else None,
+        "finished_ns": exited * 1000 if exited and exit_code is not None else None,
+        "times_clock": "monotonic",
+    }
 
 
 def _int(text: str | None) -> int | None:

@@ -1,0 +1,173 @@
+"""Tier 3: post-mortem on a real kernel and real podman, with no whyrestart running while the
+workloads die: a container OOM-killed and restarted by its policy, one exiting 42, one killed
+by `podman kill`, and a plain child memory cgroup with a hog. Each is asked about with
+`whyrestart postmortem ... --json` right after (the kernel log ring of a busy host turns over
+in minutes), and every name is unique to this test run.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from click.testing import CliRunner
+
+from tracer.cli import main
+from tracer.sources.cgroupfs import CgroupLayout, ChildCgroup, own_memory_cgroup
+
+pytestmark = pytest.mark.root
+
+DATA = Path(__file__).parent / "data"
+IMAGE = f"localhost/whyrestart-pm-busybox:{os.getpid()}"
+BUSYBOX = "/bin/busybox"
+MiB = 1 << 20
+HOG = "chunks = []\nwhile True:\n    chunks.append(b'x' * (1 << 20))\n"
+
+
+def podman(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["podman", *args], capture_output=True, text=True, check=check, timeout=120
+    )
+
+
+@pytest.fixture(scope="module")
+def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    if shutil.which("podman") is None or shutil.which("runc") is None:
+        pytest.skip("podman and runc are not installed (scripts/setup installs them)")
+    if not os.path.exists(BUSYBOX):
+        pytest.skip("busybox-static is not installed (scripts/setup installs it)")
+    old = os.environ.get("CONTAINERS_CONF")
+    os.environ["CONTAINERS_CONF"] = str(DATA / "runtimes" / "containers.conf")
+    root = tmp_path_factory.mktemp("pm-busybox-root")
+    (root / "bin").mkdir()
+    (root / "tmp").mkdir(mode=0o1777)
+    shutil.copy(BUSYBOX, root / "bin" / "busybox")
+    for cmd in ("sh", "sleep", "dd", "true"):
+        (root / "bin" / cmd).symlink_to("busybox")
+    tar = root.parent / "pm-busybox.tar"
+    subprocess.run(["tar", "-C", str(root), "-cf", str(tar), "."], check=True)
+    podman("import", str(tar), IMAGE)
+    try:
+        yield IMAGE
+    finally:
+        podman("rmi", "-f", IMAGE, check=False)
+        if old is None:
+            os.environ.pop("CONTAINERS_CONF", None)
+        else:
+            os.environ["CONTAINERS_CONF"] = old
+
+
+@pytest.fixture
+def name() -> Iterator[str]:
+    n = f"wr-pm-{os.getpid()}-{time.monotonic_ns() % 1000000}"
+    yield n
+    podman("rm", "-f", "-t", "0", n, check=False)
+
+
+def wait_for(pred: Callable[[], bool], seconds: float = 60) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if pred():
+            return
+        time.sleep(0.2)
+    raise AssertionError("condition not reached")
+
+
+def state(name: str) -> tuple[str, int]:
+    st, count = podman("inspect", "-f", "{{.State.Status}} {{.RestartCount}}", name).stdout.split()
+    return st, int(count)
+
+
+def postmortem(*args: str) -> dict[str, Any]:
+    r = CliRunner().invoke(main, ["postmortem", *args, "--json"])
+    assert r.exit_code == 0, r.output
+    doc: dict[str, Any] = orjson.loads(r.stdout)
+    return doc
+
+
+def test_oom_killed_container_restarted_by_its_policy(image: str, name: str) -> None:
+    podman(
+        "run", "-d", "--name", name, "--network=none", "--memory=64m",
+        "--restart=on-failure:2", image, "dd", "if=/dev/zero", "of=/dev/null", "bs=100M",
+        "count=1",
+    )  # fmt: skip
+    wait_for(lambda: state(name) == ("exited", 2))
+    time.sleep(1.0)  # podman shows "exited" between restarts too: make sure it stays
+    assert state(name) == ("exited", 2)
+    doc = postmortem("--container", name)
+    assert doc["runtime"]["restart_count"] == 2 and doc["runtime"]["exit_code"] == 137
+    assert doc["runtime"]["oom_killed"] is False  # podman 4.3's own claim, for the record
+    assert doc["kernel_log"]["readable"] and doc["kernel_log"]["oom_reports"] == 3
+    # three runs, three OOM kills; the last one is also podman's exit 137: two sources
+    verdicts = doc["verdicts"]
+    assert [v["cause"] for v in verdicts] == ["cgroup_oom"] * 3
+    assert [v["confidence"] for v in verdicts] == ["medium", "medium", "high"]
+    last = verdicts[-1]
+    assert (last["limit_bytes"], last["limit_scope"]) == (64 * MiB, "own")
+    assert last["unit"] == f"podman {name}" and last["comm"] == "dd"
+    assert any("podman says" in e["what"] and "137" in e["what"] for e in last["evidence"])
+    assert doc["record_command"] == f"sudo whyrestart record -o {name}.trace --container {name}"
+    text = CliRunner().invoke(main, ["postmortem", "--container", name]).stdout
+    assert f"podman {name}: podman counts 2 restarts" in text
+    assert "hit its limit 64.0 MiB (its own cgroup)" in text
+
+
+def test_container_exit_42_is_app_exit(image: str, name: str) -> None:
+    podman("run", "--name", name, "--network=none", image, "sh", "-c", "exit 42", check=False)
+    assert state(name) == ("exited", 0)
+    doc = postmortem("--container", name)
+    [v] = doc["verdicts"]
+    assert (v["cause"], v["exit_code"], v["confidence"]) == ("app_exit", 42, "high")
+
+
+def test_podman_kill_is_not_a_memory_verdict(image: str, name: str) -> None:
+    podman("run", "-d", "--name", name, "--network=none", "--memory=64m", image, "sleep", "600")
+    podman("kill", name)  # SIGKILL: exit 137, like an OOM kill to a runtime's eye
+    wait_for(lambda: state(name)[0] == "exited")
+    doc = postmortem("--container", name)
+    [v] = doc["verdicts"]
+    assert v["cause"] not in ("cgroup_oom", "global_oom")
+    assert (v["cause"], v["signal"]) == ("unknown", "SIGKILL")
+    assert doc["kernel_log"]["oom_reports"] == 0
+    assert any("who sent a signal" in u for u in doc["unknowns"])
+
+
+def test_plain_child_cgroup_hog(tmp_path: Path) -> None:
+    layout = CgroupLayout.from_system()
+    if layout.memory_root is None:
+        pytest.skip("no memory cgroup controller mounted")
+    parent = own_memory_cgroup(layout=layout)
+    with ChildCgroup(parent, f"wr-pm-hog-{os.getpid()}", 64 * MiB, layout=layout) as cg:
+        procs = os.path.join(cg.abs_path, "cgroup.procs")
+        hog = subprocess.run(
+            ["sh", "-c", f'echo $$ > {procs} && exec "$@"', "sh", sys.executable, "-c", HOG],
+            timeout=60,
+            check=False,
+        )
+        assert hog.returncode == -9  # OOM-killed, with nothing of ours running
+        doc = postmortem("--cgroup", cg.path)
+        bad = CliRunner().invoke(main, ["postmortem", "--cgroup", cg.path + "-nope"])
+    [v] = doc["verdicts"]
+    assert (v["cause"], v["confidence"], v["limit_bytes"]) == ("cgroup_oom", "high", 64 * MiB)
+    assert v["limit_cgroup"] == cg.path and v["limit_scope"] == "own"
+    whats = [e["what"] for e in v["evidence"]]
+    assert any(w.startswith("kernel log: CONSTRAINT_MEMCG") for w in whats)
+    assert any(f"oom_kill counter of {cg.path} reads 1" in w for w in whats)
+    assert bad.exit_code == 2 and "no such cgroup now" in bad.output
+
+
+def test_bad_targets(image: str) -> None:
+    missing = f"wr-pm-nope-{os.getpid()}"
+    r = CliRunner().invoke(main, ["postmortem", "--container", missing])
+    assert r.exit_code == 2 and f"--container {missing}: no such container" in r.output
+    pid = 4_000_000  # above pid_max's largest value: never a process
+    r = CliRunner().invoke(main, ["postmortem", "--pid", str(pid)])
+    assert r.exit_code == 2 and "no such process, and the kernel log holds no OOM kill" in r.output

@@ -1,0 +1,405 @@
+"""Facts read after the fact → one time-ordered event stream for the analyzer. Pure: no files,
+no clock; the gatherer passes the clock offsets it read.
+
+Clocks: kernel-log records are on CLOCK_MONOTONIC (``local_clock()``), runtimes stamp exits in
+wall-clock time, systemd in CLOCK_MONOTONIC; all are brought onto CLOCK_BOOTTIME through the
+offsets taken once, now (``tracer.clock``).
+
+What becomes an exit to judge (an ``Exit`` whose ``rung`` says who reported it):
+
+* the runtime's record of the main process's last exit (``RuntimeExit`` beside it: the
+  runtime's word is evidence of its own), its pid taken from the kernel's OOM report of a
+  process in the target's cgroup between that run's start and its end, when there is one;
+* every other OOM victim the kernel log names in the target's cgroups (killed by SIGKILL:
+  the OOM killer's signal cannot be caught), which is how earlier runs of a restarted
+  container, whose exit codes no runtime keeps, are judged.
+
+A runtime's code is 128 + n for a process killed by signal n: it becomes a SIGKILL wait status
+for the analyzer, whose rules keep "exit 137 alone" ``unknown``.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from tracer.analysis.units import UnitName, from_info, unit_of_cgroup
+from tracer.events import (
+    CgroupInfo,
+    CgroupSample,
+    Event,
+    Exit,
+    KmsgOom,
+    OomKillCount,
+    RuntimeExit,
+    RuntimeSample,
+    UnitInfo,
+)
+from tracer.parse.kmsg import KmsgRecord, OomAssembler
+from tracer.runtimes.base import ContainerInfo
+
+SECOND = 1_000_000_000
+# An OOM victim dies within moments of the kill; the runtime stamps the exit when it reaps it.
+# The kill of a run's last process is looked for from the run's start to this long after its
+# recorded end (clock conversion and the runtime's own delay).
+MATCH_AFTER_NS = 1 * SECOND
+# ids for cgroups that no longer exist (no inode to name them): far above any inode number
+_SYNTHETIC = 1 << 62
+
+
+@dataclass(frozen=True, slots=True)
+class LoggedOom:
+    """One OOM victim from the kernel log, with the memcg line of its report when printed."""
+
+    oom: KmsgOom  # ts already on CLOCK_BOOTTIME
+    usage_kb: int | None = None  # "memory: usage X kB, limit Y kB, failcnt Z" of oom_memcg
+    limit_kb: int | None = None
+    failcnt: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class KernelLog:
+    """What the kernel log ring held when it was read."""
+
+    readable: bool
+    error: str = ""  # why it could not be read ("" when it was)
+    records: int = 0
+    first_ts: int | None = None  # CLOCK_BOOTTIME of the oldest record still in the ring
+    first_seq: int | None = None  # > 0: older records were overwritten since boot
+    ooms: tuple[LoggedOom, ...] = ()
+
+
+def read_kernel_log(records: Sequence[KmsgRecord], monotonic_offset: int) -> KernelLog:
+    """Assemble the OOM reports of a kernel log read from the start of its ring."""
+    asm = OomAssembler()
+    ooms: list[LoggedOom] = []
+    for rec in records:
+        ts = rec.ts_us * 1000 - monotonic_offset
+        for ev in asm.feed(rec, ts):
+            usage = asm.last_memcg_usage if ev.memcg else None
+            ooms.append(LoggedOom(ev, *(usage or (None, None, None))))
+    first = records[0] if records else None
+    return KernelLog(
+        readable=True,
+        records=len(records),
+        first_ts=None if first is None else first.ts_us * 1000 - monotonic_offset,
+        first_seq=None if first is None else first.seq,
+        ooms=tuple(ooms),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class CgroupNow:
+    """A memory cgroup as it is now (``exists`` False: gone; the numbers are then None)."""
+
+    path: str
+    cgroup_id: int  # its inode when it exists, else 0
+    exists: bool
+    limit_bytes: int | None = None
+    usage_bytes: int | None = None
+    peak_bytes: int | None = None
+    failcnt: int | None = None
+    events: dict[str, int] = field(default_factory=dict)  # oom, oom_kill, max, high...
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """What was asked about, and how to recognise it in kernel-log memcg paths."""
+
+    kind: str  # container, unit, pod, cgroup, pid, all
+    spec: str  # as given on the command line
+    label: str  # what to show
+    ids: tuple[str, ...] = ()  # container ids, unit names, pod uids found in memcg paths
+    paths: tuple[str, ...] = ()  # cgroup paths: the target is these and everything below
+    pid: int | None = None
+
+    def matches(self, oom: KmsgOom) -> bool:
+        if self.kind == "all":
+            return True
+        if self.kind == "pid":
+            return oom.victim_pid == self.pid
+        for path in (oom.task_memcg, oom.oom_memcg if not oom.task_memcg else ""):
+            if not path:
+                continue
+            if any(path == p or path.startswith(p.rstrip("/") + "/") for p in self.paths):
+                return True
+            if any(_names(path, ident) for ident in self.ids):
+                return True
+        return False
+
+
+def _names(path: str, ident: str) -> bool:
+    """``ident`` appears in ``path`` as a whole name: not as part of a longer id or name."""
+    return re.search(rf"(?<![0-9A-Za-z_]){re.escape(ident)}(?![0-9A-Za-z])", path) is not None
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeState:
+    """A runtime's record of the target (podman/docker inspect, systemctl show)."""
+
+    info: ContainerInfo
+    read_ns: int  # CLOCK_BOOTTIME when it was asked
+
+
+class HistorySource(Protocol):
+    """A store of events kept while no one was looking: the always-on agent's journal (issue
+    17) will be one. Whatever it returns joins the stream and is judged the same way."""
+
+    def events_for(self, target: Target, since_ns: int) -> Iterable[Event]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Facts:
+    target: Target
+    now_ns: int  # CLOCK_BOOTTIME when the facts were gathered
+    since_ns: int  # only exits after this (CLOCK_BOOTTIME) are judged
+    realtime_offset: int  # CLOCK_REALTIME - CLOCK_BOOTTIME now
+    monotonic_offset: int  # CLOCK_MONOTONIC - CLOCK_BOOTTIME now
+    hierarchy: str  # "memory" (v1) or "unified" (v2): CgroupInfo.hierarchy
+    kernel_log: KernelLog
+    cgroups: tuple[CgroupNow, ...] = ()  # the target's cgroups and every ancestor, now
+    runtime: RuntimeState | None = None
+    history: tuple[Event, ...] = ()  # from HistorySource(s), when there are any
+
+
+@dataclass(frozen=True, slots=True)
+class Assembled:
+    events: list[Event]  # time-ordered, ready for Analyzer.feed_all
+    ooms: tuple[LoggedOom, ...]  # the kernel log's OOM reports that name the target
+    runtime_exit: RuntimeExit | None  # the runtime's record of the last exit, if judged
+    runtime_exit_ns: int | None  # when the runtime says the last exit was, judged or not
+    unit: UnitName | None
+
+
+def _boottime(info: ContainerInfo, ns: int | None, facts: Facts) -> int | None:
+    if ns is None:
+        return None
+    off = facts.monotonic_offset if info.times_clock == "monotonic" else facts.realtime_offset
+    return ns - off
+
+
+def wait_status(code: int) -> int:
+    """A runtime's exit code → the kernel's wait status the analyzer reads: 128 + n (n a
+    signal number, 1..64) is a death by signal n, as every runtime reports one."""
+    if 128 < code <= 128 + 64:
+        return code - 128
+    return (code & 0xFF) << 8
+
+
+class _Ids:
+    """Cgroup ids for paths: the inode of a cgroup that exists now, else a stable synthetic
+    id (the same path gets the same id) so the analyzer can still name a cgroup that is gone."""
+
+    def __init__(self, cgroups: Iterable[CgroupNow]) -> None:
+        self._ids = {c.path: c.cgroup_id for c in cgroups if c.exists and c.cgroup_id}
+
+    def __call__(self, path: str) -> int:
+        found = self._ids.get(path)
+        if found is None:
+            found = self._ids[path] = _SYNTHETIC + zlib.crc32(path.encode()) + len(self._ids)
+        return found
+
+
+def assemble(facts: Facts) -> Assembled:
+    target, rt = facts.target, facts.runtime
+    ids = _Ids(facts.cgroups)
+    events: list[Event] = []
+    ooms = tuple(o for o in facts.kernel_log.ooms if target.matches(o.oom))
+    now = facts.now_ns
+
+    # the cgroups: those the kernel log names (with the limit that fired, when it printed it)
+    # and the target's own, as they are now
+    limits: dict[str, int] = {}
+    for o in ooms:
+        if o.oom.oom_memcg and o.limit_kb is not None:
+            limits[o.oom.oom_memcg] = o.limit_kb * 1024
+    paths: dict[str, int | None] = {}
+    for c in facts.cgroups:
+        paths[c.path] = c.limit_bytes
+    for o in ooms:
+        for p in (o.oom.task_memcg, o.oom.oom_memcg):
+            if p:
+                paths.setdefault(p, None)
+    first_ts = min([o.oom.ts for o in ooms] + [facts.since_ns, now])
+    for path, limit in paths.items():
+        events.append(
+            CgroupInfo(
+                ts=first_ts,
+                cgroup_id=ids(path),
+                path=path,
+                hierarchy=facts.hierarchy,
+                limit_bytes=limits.get(path, limit),
+            )
+        )
+
+    # the unit the runtime names, on the cgroups its processes were killed in
+    unit = None
+    unit_cgroup = 0
+    if rt is not None:
+        info = rt.info
+        unit = from_info(info.runtime, info.id, info.name, _pod(info))
+        cg_paths = {o.oom.task_memcg for o in ooms if o.oom.task_memcg}
+        if info.cgroup_path:
+            cg_paths.add(info.cgroup_path)
+        for p in sorted(cg_paths):
+            events.append(
+                UnitInfo(
+                    ts=first_ts,
+                    cgroup_id=ids(p),
+                    kind=info.runtime,
+                    unit_id=info.id,
+                    name=info.name,
+                    pod=_pod(info),
+                )
+            )
+        unit_cgroup = ids(info.cgroup_path or min(cg_paths, default=f"{info.runtime}:{info.id}"))
+        if not cg_paths:  # nothing names its cgroup: a unit all the same
+            events.append(
+                UnitInfo(
+                    ts=first_ts,
+                    cgroup_id=unit_cgroup,
+                    kind=info.runtime,
+                    unit_id=info.id,
+                    name=info.name,
+                    pod=_pod(info),
+                )
+            )
+    elif ooms:
+        unit = unit_of_cgroup(ooms[-1].oom.task_memcg or ooms[-1].oom.oom_memcg)
+
+    # the runtime's record of the last exit, and the kernel's report of that run's kill
+    matched: LoggedOom | None = None
+    rexit: RuntimeExit | None = None
+    finished = None
+    if rt is not None and rt.info.exit_code is not None:
+        info = rt.info
+        code = rt.info.exit_code
+        finished = _boottime(info, info.finished_ns, facts)
+        started = _boottime(info, info.started_ns, facts)
+        if finished is not None and finished >= facts.since_ns:
+            lo = started if started is not None else finished - 60 * SECOND
+            run = [o for o in ooms if lo - SECOND <= o.oom.ts <= finished + MATCH_AFTER_NS]
+            if info.exit_pid:
+                run = [o for o in run if o.oom.victim_pid == info.exit_pid]
+            matched = run[-1] if run else None
+            pid = info.exit_pid or (matched.oom.victim_pid if matched else 0)
+            cg = ids(matched.oom.task_memcg) if matched and matched.oom.task_memcg else unit_cgroup
+            label = unit.label if unit else info.name
+            rexit = RuntimeExit(
+                ts=finished,
+                cgroup_id=cg,
+                unit=label,
+                source=info.runtime,
+                exit_code=code,
+                pid=pid,
+                oom_killed=info.oom_killed,
+            )
+            events.append(rexit)
+            events.append(
+                Exit(
+                    ts=finished,
+                    pid=pid,
+                    ppid=0,
+                    comm=matched.oom.victim_comm if matched else info.command,
+                    cgroup_id=cg,
+                    status=wait_status(code),
+                    start_ns=started or 0,
+                    rung=info.runtime,
+                )
+            )
+        events.append(
+            RuntimeSample(
+                ts=rt.read_ns,
+                unit=unit.label if unit else info.name,
+                source=info.runtime,
+                restart_count=info.restart_count,
+                state=info.state,
+                exit_code=info.exit_code,
+                oom_killed=info.oom_killed,
+            )
+        )
+
+    # every OOM report naming the target: the kernel's word, and the death it caused
+    for o in ooms:
+        k = o.oom
+        cg = ids(k.task_memcg or k.oom_memcg) if (k.task_memcg or k.oom_memcg) else 0
+        events.append(k)
+        if k.oom_memcg and o.usage_kb is not None:
+            # what the kernel printed about the limiting cgroup at the kill: a reading
+            events.append(
+                CgroupSample(
+                    ts=k.ts,
+                    cgroup_id=ids(k.oom_memcg),
+                    path=k.oom_memcg,
+                    usage_bytes=o.usage_kb * 1024,
+                    limit_bytes=None if o.limit_kb is None else o.limit_kb * 1024,
+                    high_bytes=None,
+                    peak_bytes=None,
+                    failcnt=o.failcnt,
+                    events={},
+                    stat={},
+                    psi_some_avg10=None,
+                    psi_full_avg10=None,
+                    psi_some_total_us=None,
+                    psi_full_total_us=None,
+                )
+            )
+        if o is matched or k.ts < facts.since_ns:
+            continue
+        events.append(
+            Exit(
+                ts=k.ts,
+                pid=k.victim_pid,
+                ppid=0,
+                comm=k.victim_comm,
+                cgroup_id=cg,
+                status=9,  # SIGKILL: what the OOM killer sends
+                start_ns=0,
+                rung="kmsg",
+            )
+        )
+
+    # cumulative oom_kill counters of the cgroups that exist now: each counts the kills since
+    # its creation, so it vouches for the newest logged kills in it, as many as it counts
+    for c in facts.cgroups:
+        count = c.events.get("oom_kill")
+        if not c.exists or count is None:
+            continue
+        inside = sorted(
+            o.oom.ts
+            for o in ooms
+            if o.oom.task_memcg == c.path or o.oom.task_memcg.startswith(c.path.rstrip("/") + "/")
+        )
+        if count == 0:
+            since = (inside[-1] + 1) if inside else now
+        elif inside:
+            since = inside[max(0, len(inside) - count)]
+        else:
+            # kills the log no longer holds: this incarnation's age is not known; the runtime's
+            # start of its current run is the one bound there is
+            started = _boottime(rt.info, rt.info.started_ns, facts) if rt else None
+            since = started if started is not None else now
+        events.append(
+            OomKillCount(
+                ts=min(since, now), cgroup_id=ids(c.path), path=c.path, count=count, read_ns=now
+            )
+        )
+
+    events.extend(facts.history)
+    events.sort(key=lambda e: e.ts)
+    return Assembled(
+        events=events,
+        ooms=ooms,
+        runtime_exit=rexit,
+        runtime_exit_ns=finished,
+        unit=unit,
+    )
+
+
+def _pod(info: ContainerInfo) -> str:
+    if info.pod and info.namespace:
+        return f"{info.namespace}/{info.pod}"
+    return ""

@@ -1,0 +1,235 @@
+"""Gathering what persists after a restart: the kernel log ring, the target's memory cgroups
+and their ancestors now, and the runtime's record. This module owns every read post-mortem
+makes; each source sits behind an injectable root or callable so tests run it on fixtures.
+
+A source that cannot be read is a fact too (``KernelLog.readable`` False, with the reason):
+the report says what is missing because of it. Bad targets (no such container, unit, pod,
+pid) raise ``UsageError`` naming what was looked for and where.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from tracer import clock
+from tracer.errors import UsageError, WhyrestartError
+from tracer.events import CgroupSample
+from tracer.parse.kmsg import KmsgRecord
+from tracer.postmortem.correlate import (
+    CgroupNow,
+    Facts,
+    HistorySource,
+    KernelLog,
+    RuntimeState,
+    Target,
+    read_kernel_log,
+)
+from tracer.runtimes.base import Runtime
+from tracer.sources.cgroupfs import CgroupLayout, CgroupResolver
+from tracer.sources.kmsg import DEFAULT_PATH, KmsgReader
+from tracer.sources.samplers import CgroupSampler
+
+
+def read_ring(path: str = DEFAULT_PATH) -> list[KmsgRecord]:
+    """Every record the kernel log ring still holds, oldest first (``/dev/kmsg`` read from its
+    start). Raises ``PermissionProblem`` when it is restricted (``kernel.dmesg_restrict``)."""
+    with KmsgReader(path, from_end=False) as reader:
+        return reader.read_available()
+
+
+@dataclass
+class World:
+    """Where the facts come from. Defaults read this machine; tests replace any part."""
+
+    layout: CgroupLayout = field(default_factory=CgroupLayout.from_system)
+    proc_root: str = "/proc"
+    kmsg: Callable[[], list[KmsgRecord]] = read_ring
+    runtimes: Sequence[Runtime] | None = None  # None: podman, then Docker (containers)
+    systemd: Runtime | None = None  # None: systemctl (units)
+    pods_log_root: str = "/var/log/pods"
+    boottime: Callable[[], int] = clock.boottime_ns
+    realtime_offset: Callable[[], int] = clock.realtime_offset_ns
+    monotonic_offset: Callable[[], int] = clock.monotonic_offset_ns
+    history: Sequence[HistorySource] = ()  # the agent's journal, once there is one (issue 17)
+
+
+def _container_runtimes(world: World) -> Sequence[Runtime]:
+    if world.runtimes is not None:
+        return world.runtimes
+    from tracer.runtimes.docker import DockerRuntime
+    from tracer.runtimes.podman import PodmanRuntime
+
+    return (PodmanRuntime(proc_root=world.proc_root), DockerRuntime())
+
+
+def resolve(kind: str, spec: str, world: World, now: int) -> tuple[Target, RuntimeState | None]:
+    """The target named on the command line, and its runtime's record. UsageError when
+    nothing by that name exists (an exited container still exists until it is removed)."""
+    if kind == "container":
+        tried = []
+        for rt in _container_runtimes(world):
+            if not rt.available():
+                tried.append(f"{rt.name}: not available here")
+                continue
+            info = rt.find(spec)
+            if info is not None:
+                label = f"{info.runtime} {info.name or info.id[:12]}"
+                paths = (info.cgroup_path,) if info.cgroup_path else ()
+                return Target(kind, spec, label, ids=(info.id,), paths=paths), RuntimeState(
+                    info, now
+                )
+            tried.append(rt.last_error or f"{rt.name}: no container {spec!r}")
+        raise UsageError(
+            f"--container {spec}: no such container ({'; '.join(tried)})",
+            "list them with `podman ps -a` / `docker ps -a`; a removed container's kills can "
+            "still be found with --all or --cgroup",
+        )
+    if kind == "unit":
+        from tracer.runtimes.systemd import SystemdRuntime
+
+        srt = world.systemd or SystemdRuntime()
+        if not srt.available():
+            raise UsageError(
+                f"--unit {spec}: systemd is not running here",
+                "use --cgroup with the unit's cgroup path, or --all",
+            )
+        unit = srt.find(spec)
+        if unit is None:
+            raise UsageError(f"--unit {spec}: {srt.last_error or 'no such unit'}")
+        paths = (unit.cgroup_path,) if unit.cgroup_path else ()
+        return Target(kind, spec, unit.id, ids=(unit.id,), paths=paths), RuntimeState(unit, now)
+    if kind == "pod":
+        from tracer.runtimes.kubernetes import pod_uid
+
+        if spec.count("/") != 1 or not all(spec.split("/")):
+            raise UsageError(f"--pod {spec}: expected NAMESPACE/NAME", "e.g. --pod default/llm-0")
+        namespace, name = spec.split("/")
+        uid = pod_uid(namespace, name, world.pods_log_root)
+        if uid is None:
+            raise UsageError(
+                f"--pod {spec}: no such pod on this node ({world.pods_log_root}/"
+                f"{namespace}_{name}_<uid> not found, or not unique)",
+                "run whyrestart on the node that ran the pod (kubectl get pod -o wide)",
+            )
+        # the pod's cgroup is named by its uid, with "_" for "-" under the systemd driver
+        ids = (f"pod{uid}", f"pod{uid.replace('-', '_')}")
+        return Target(kind, spec, f"pod {spec}", ids=ids), None
+    if kind == "cgroup":
+        root = (world.layout.memory_root or "").rstrip("/")
+        path = spec[len(root) :] if root and spec.startswith(root + "/") else spec
+        path = "/" + path.strip("/")
+        return Target(kind, spec, path, paths=(path,)), None
+    if kind == "pid":
+        try:
+            pid = int(spec)
+        except ValueError:
+            raise UsageError(f"--pid {spec}: not a process id") from None
+        if pid <= 0:
+            raise UsageError(f"--pid {spec}: not a process id")
+        return Target(kind, spec, f"pid {pid}", pid=pid), None
+    return Target("all", "", "every OOM kill the kernel log holds"), None
+
+
+def kernel_log(world: World, monotonic_offset: int) -> KernelLog:
+    try:
+        records = world.kmsg()
+    except WhyrestartError as exc:
+        return KernelLog(readable=False, error=str(exc))
+    return read_kernel_log(records, monotonic_offset)
+
+
+def cgroups_now(world: World, paths: Iterable[str], now: int) -> tuple[CgroupNow, ...]:
+    """Each path and every ancestor, as it is now: limit, usage, peak, failure and OOM
+    counters (the project's cgroup sampler, read once); a cgroup that is gone says so."""
+    layout = world.layout
+    if layout.memory_root is None:
+        return ()
+    resolver = CgroupResolver(layout, world.proc_root)
+    seen: dict[str, CgroupNow] = {}
+    for p in paths:
+        for path in CgroupResolver.ancestors(p):
+            if path in seen:
+                continue
+            try:
+                cid = resolver.id_of(path)
+            except UsageError:
+                seen[path] = CgroupNow(path, 0, exists=False)
+                continue
+            sampler = CgroupSampler(layout, path)
+            try:
+                got = [e for e in sampler.sample(now, cid) if isinstance(e, CgroupSample)]
+            finally:
+                sampler.close()
+            if not got:
+                seen[path] = CgroupNow(path, 0, exists=False)
+                continue
+            s = got[-1]
+            seen[path] = CgroupNow(
+                path,
+                cid,
+                exists=True,
+                limit_bytes=s.limit_bytes,
+                usage_bytes=s.usage_bytes,
+                peak_bytes=s.peak_bytes,
+                failcnt=s.failcnt,
+                events=dict(s.events),
+            )
+    # deepest first: the target before its ancestors
+    return tuple(sorted(seen.values(), key=lambda c: (-c.path.rstrip("/").count("/"), c.path)))
+
+
+def _exists(world: World, path: str) -> bool:
+    try:
+        CgroupResolver(world.layout, world.proc_root).id_of(path)
+    except UsageError:
+        return False
+    return True
+
+
+def gather(kind: str, spec: str, since_s: float | None, world: World | None = None) -> Facts:
+    """Everything post-mortem knows about one target, on CLOCK_BOOTTIME."""
+    world = world or World()
+    now = world.boottime()
+    mono, real = world.monotonic_offset(), world.realtime_offset()
+    target, runtime = resolve(kind, spec, world, now)
+    log = kernel_log(world, mono)
+    since = max(0, now - int(since_s * 1e9)) if since_s is not None else 0
+    matched = [o for o in log.ooms if target.matches(o.oom) and o.oom.ts >= since]
+    if kind == "pid" and not matched:
+        alive = os.path.isdir(os.path.join(world.proc_root, str(target.pid)))
+        if not alive:
+            where = (
+                "the kernel log holds no OOM kill of it"
+                if log.readable
+                else f"the kernel log cannot be read ({log.error})"
+            )
+            raise UsageError(
+                f"--pid {spec}: no such process, and {where}",
+                "a pid names a process only while it runs; ask about its container "
+                "(--container), unit (--unit) or cgroup (--cgroup) instead",
+            )
+    paths: list[str] = list(target.paths)
+    for o in matched:
+        paths += [p for p in (o.oom.task_memcg, o.oom.oom_memcg) if p]
+    if kind == "cgroup" and not matched and not _exists(world, target.paths[0]):
+        raise UsageError(
+            f"--cgroup {spec}: no such cgroup now"
+            + (", and the kernel log holds no OOM kill in it" if log.readable else ""),
+            f"give a path relative to {world.layout.memory_root or 'the memory hierarchy'}"
+            ", as in /proc/PID/cgroup",
+        )
+    history = tuple(e for h in world.history for e in h.events_for(target, since))
+    return Facts(
+        target=target,
+        now_ns=now,
+        since_ns=since,
+        realtime_offset=real,
+        monotonic_offset=mono,
+        hierarchy=world.layout.hierarchy or "memory",
+        kernel_log=log,
+        cgroups=cgroups_now(world, dict.fromkeys(paths), now),
+        runtime=runtime,
+        history=history,
+    )

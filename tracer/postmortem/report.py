@@ -1,0 +1,223 @@
+"""Post-mortem's words: the sources read, the verdicts (the replay's own table and evidence
+format, with wall-clock times), what a recording would have added, and the command that
+records the next one. Pure string and dict building."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import shlex
+from typing import Any
+
+from tracer.analysis.quantities import fmt_bytes
+from tracer.analysis.verdicts import Verdict
+from tracer.postmortem.correlate import Assembled, Facts
+from tracer.render import Clock, verdict_table
+
+SCHEMA = 1
+
+
+class WallClock(Clock):
+    """The replay's clock, showing wall-clock time of day where a trace shows "+s": a
+    post-mortem has no start to count from."""
+
+    def rel(self, ts: int) -> str:
+        return self.wall(ts)
+
+
+def iso(ts: int, facts: Facts) -> str:
+    t = _dt.datetime.fromtimestamp((ts + facts.realtime_offset) / 1e9, tz=_dt.UTC)
+    return t.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def record_command(facts: Facts) -> str:
+    """The exact command that would have recorded this, for the next time."""
+    t = facts.target
+    flag = {
+        "container": "--container",
+        "unit": "--unit",
+        "pod": "--pod",
+        "cgroup": "--cgroup",
+        "pid": "--pid",
+    }.get(t.kind)
+    if flag is None:
+        return "sudo whyrestart record -o host.trace --all"
+    base = "".join(c if c.isalnum() or c in "-_." else "-" for c in t.spec.strip("/"))[:40]
+    return (
+        f"sudo whyrestart record -o {shlex.quote((base or 'target') + '.trace')} {flag} "
+        f"{shlex.quote(t.spec)}"
+    )
+
+
+def unknowns(facts: Facts, asm: Assembled, verdicts: list[Verdict]) -> list[str]:
+    """What cannot be known without a recording, and what is missing because a source could
+    not be read: said plainly, once each."""
+    out: list[str] = []
+    log = facts.kernel_log
+    if not log.readable:
+        out.append(
+            f"the kernel log could not be read ({log.error}): no OOM report can be seen, so a "
+            "SIGKILL (exit 137) cannot be told apart from a kill by a person or a supervisor"
+        )
+    elif (
+        log.first_ts is not None
+        and asm.runtime_exit_ns is not None
+        and asm.runtime_exit_ns < log.first_ts
+    ):
+        out.append(
+            f"the kernel log now begins at {iso(log.first_ts, facts)}, after the last exit "
+            f"({iso(asm.runtime_exit_ns, facts)}): its OOM report, if there was one, has "
+            "been overwritten"
+        )
+    if log.readable and log.first_seq:
+        out.append(
+            f"the kernel log ring has overwritten its first {log.first_seq} records since boot: "
+            "older OOM reports are gone"
+        )
+    if any(v.signal and v.cause != "cgroup_oom" and v.cause != "global_oom" for v in verdicts):
+        out.append(
+            "who sent a signal: only a recording sees the sender (a `podman kill`, a stop, "
+            "the kubelet, systemd-oomd all leave just an exit status)"
+        )
+    out.append(
+        "memory use, reclaim stalls and pressure before an exit: only the kernel's own report "
+        "at an OOM kill is left (no peak over time, no stall time)"
+    )
+    rt = facts.runtime
+    if rt is not None and (rt.info.restart_count or 0) > 0:
+        out.append(
+            "how earlier runs ended: the runtime keeps only the last exit; earlier ones are "
+            "known only where the kernel log reports an OOM kill"
+        )
+    if rt is not None and rt.info.exit_code is not None and asm.runtime_exit is None:
+        out.append(
+            f"the last exit ({rt.info.exit_code}) is before --since; it was not judged"
+            if asm.runtime_exit_ns is not None
+            else "when the last exit happened: the runtime did not say"
+        )
+    out.append("GPU allocation failures: they are never logged; only a recording catches them")
+    return out
+
+
+def sources(facts: Facts, asm: Assembled) -> list[str]:
+    """One line per source read: what it said."""
+    lines: list[str] = []
+    rt = facts.runtime
+    if rt is not None:
+        i = rt.info
+        what = f"{i.runtime}: {i.state or 'state unknown'}"
+        if i.exit_code is not None:
+            what += f", last exit code {i.exit_code}"
+            if asm.runtime_exit_ns is not None:
+                what += f" at {iso(asm.runtime_exit_ns, facts)}"
+        if i.restart_count is not None:
+            what += f"; restarted {i.restart_count} times (policy {i.restart_policy})"
+        if i.oom_killed is not None:
+            what += f"; its own OOMKilled flag: {i.oom_killed}"
+        failing = [c for c in i.health if c[2] != 0]
+        if i.health:
+            what += f"; health log: {len(failing)} of the last {len(i.health)} checks failed"
+        lines.append(what)
+    log = facts.kernel_log
+    if log.readable:
+        since = f" from {iso(log.first_ts, facts)}" if log.first_ts is not None else ""
+        lines.append(
+            f"kernel log: {log.records} records{since}; {len(asm.ooms)} OOM reports name "
+            f"{facts.target.label}"
+        )
+    else:
+        lines.append(f"kernel log: unreadable ({log.error})")
+    for c in facts.cgroups:
+        if not c.exists:
+            lines.append(f"cgroup {c.path}: gone")
+            continue
+        parts = [f"limit {fmt_bytes(c.limit_bytes) if c.limit_bytes else 'none'}"]
+        if c.usage_bytes is not None:
+            parts.append(f"usage {fmt_bytes(c.usage_bytes)}")
+        if c.peak_bytes is not None:
+            parts.append(f"peak {fmt_bytes(c.peak_bytes)}")
+        for key in ("oom_kill", "oom", "max"):
+            if key in c.events:
+                parts.append(f"{key} {c.events[key]}")
+        if c.failcnt is not None:
+            parts.append(f"failcnt {c.failcnt}")
+        lines.append(f"cgroup {c.path}: " + ", ".join(parts))
+    limits = [(c.limit_bytes, c.path) for c in facts.cgroups if c.exists and c.limit_bytes]
+    if limits:
+        limit, path = min(limits)
+        lines.append(f"effective limit now: {fmt_bytes(limit)} set on {path}")
+    return lines
+
+
+def text(facts: Facts, asm: Assembled, verdicts: list[Verdict]) -> str:
+    clock = WallClock(facts.now_ns, facts.realtime_offset)
+    out = f"post-mortem of {facts.target.label} (no recording: what this machine still knows)\n"
+    for line in sources(facts, asm):
+        out += f"  {line}\n"
+    out += "\n"
+    if verdicts:
+        out += verdict_table(verdicts, clock)
+    else:
+        since = f" since {iso(facts.since_ns, facts)}" if facts.since_ns else ""
+        out += f"No exit of {facts.target.label} is known{since}.\n"
+    rt = facts.runtime
+    if rt is not None and rt.info.restart_count is not None:
+        label = asm.unit.label if asm.unit else facts.target.label
+        out += f"\n{label}: {rt.info.runtime} counts {rt.info.restart_count} restarts\n"
+    out += "\nwithout a recording, whyrestart cannot know:\n"
+    for line in unknowns(facts, asm, verdicts):
+        out += f"  - {line}\n"
+    out += f"\nto catch the next one: {record_command(facts)}\n"
+    return out
+
+
+def to_json(facts: Facts, asm: Assembled, verdicts: list[Verdict]) -> dict[str, Any]:
+    rt = facts.runtime
+    log = facts.kernel_log
+    return {
+        "schema": SCHEMA,
+        "kind": "postmortem",
+        "target": {
+            "kind": facts.target.kind,
+            "spec": facts.target.spec,
+            "label": facts.target.label,
+        },
+        "now_ns": facts.now_ns,
+        "since_ns": facts.since_ns,
+        "clock_offset_ns": facts.realtime_offset,
+        "kernel_log": {
+            "readable": log.readable,
+            "error": log.error or None,
+            "records": log.records,
+            "first_ns": log.first_ts,
+            "first_seq": log.first_seq,
+            "oom_reports": len(asm.ooms),
+        },
+        "runtime": None
+        if rt is None
+        else {
+            "source": rt.info.runtime,
+            "id": rt.info.id,
+            "name": rt.info.name,
+            "state": rt.info.state,
+            "exit_code": rt.info.exit_code,
+            "finished_ns": asm.runtime_exit_ns,
+            "restart_count": rt.info.restart_count,
+            "restart_policy": rt.info.restart_policy,
+            "oom_killed": rt.info.oom_killed,
+        },
+        "cgroups": [
+            {
+                "path": c.path,
+                "exists": c.exists,
+                "limit_bytes": c.limit_bytes,
+                "usage_bytes": c.usage_bytes,
+                "peak_bytes": c.peak_bytes,
+                "failcnt": c.failcnt,
+                "events": c.events,
+            }
+            for c in facts.cgroups
+        ],
+        "verdicts": [{**v.to_json(), "t": iso(v.ts, facts)} for v in verdicts],
+        "unknowns": unknowns(facts, asm, verdicts),
+        "record_command": record_command(facts),
+    }
