@@ -433,3 +433,29 @@ def test_cli_needs_exactly_one_target() -> None:
     assert r.exit_code != 0 and "name exactly one target" in r.output
     r = CliRunner().invoke(main, ["postmortem", "--all", "--since", "soon"])
     assert r.exit_code != 0 and "--since soon: not a duration" in r.output
+
+
+def test_a_fast_exit_stamped_before_its_start_is_judged() -> None:
+    # podman 4.3 stamps StartedAt after start returns: `sh -c "exit 42"` finishes "earlier"
+    f = facts(
+        read_kernel_log([], MONO),
+        info=podman_info(exit_code=42, started_s=900.004, finished_s=900.0, restarts=0),
+    )
+    _, [v] = judged(f)
+    assert (v.cause, v.exit_code, v.ts) == ("app_exit", 42, 900 * S)
+
+
+def test_a_hostile_container_name_cannot_reach_the_terminal_raw() -> None:
+    info = podman_info(exit_code=42, restarts=0)
+    evil = "llm\x1b]0;pwned\x07\nfake verdict"
+    from dataclasses import replace
+
+    f = facts(
+        read_kernel_log([], MONO),
+        target=Target("container", evil, f"podman {evil}", ids=(CID,)),
+        info=replace(info, name=evil),
+    )
+    asm, verdicts = judged(f)
+    out = report.text(f, asm, verdicts)
+    assert "\x1b" not in out and "\x07" not in out and "\nfake verdict" not in out
+    assert "llm\\x1b]0;pwned\\x07\\x0afake verdict" in out

@@ -617,7 +617,7 @@ def postmortem(
     if as_json:
         click.echo(_dumps(report.to_json(facts, asm, verdicts)))
     else:
-        click.echo(report.text(facts, asm, verdicts), nl=False)
+        _text(report.text(facts, asm, verdicts), nl=False)
 
 
 def _since_seconds(text: str, parse_duration: Callable[[str], float]) -> float:

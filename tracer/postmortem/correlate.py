@@ -279,6 +279,10 @@ def assemble(facts: Facts) -> Assembled:
         code = rt.info.exit_code
         finished = _boottime(info, info.finished_ns, facts)
         started = _boottime(info, info.started_ns, facts)
+        if started is not None and finished is not None:
+            # podman stamps the start after the fact: a process that exits at once has its
+            # finish a few ms before its start
+            started = min(started, finished)
         if finished is not None and finished >= facts.since_ns:
             lo = started if started is not None else finished - 60 * SECOND
             run = [o for o in ooms if lo - SECOND <= o.oom.ts <= finished + MATCH_AFTER_NS]

@@ -8,6 +8,7 @@ import datetime as _dt
 import shlex
 from typing import Any
 
+from tracer import safetext
 from tracer.analysis.quantities import fmt_bytes
 from tracer.analysis.verdicts import Verdict
 from tracer.postmortem.correlate import Assembled, Facts
@@ -149,24 +150,28 @@ def sources(facts: Facts, asm: Assembled) -> list[str]:
 
 
 def text(facts: Facts, asm: Assembled, verdicts: list[Verdict]) -> str:
+    """The report for a terminal. Names, paths and kernel-log text are the workload's choice:
+    each line we build goes through ``safetext.field`` (the verdict table escapes its own)."""
+    esc = safetext.field
     clock = WallClock(facts.now_ns, facts.realtime_offset)
-    out = f"post-mortem of {facts.target.label} (no recording: what this machine still knows)\n"
+    label = esc(facts.target.label)
+    out = f"post-mortem of {label} (no recording: what this machine still knows)\n"
     for line in sources(facts, asm):
-        out += f"  {line}\n"
+        out += f"  {esc(line)}\n"
     out += "\n"
     if verdicts:
         out += verdict_table(verdicts, clock)
     else:
         since = f" since {iso(facts.since_ns, facts)}" if facts.since_ns else ""
-        out += f"No exit of {facts.target.label} is known{since}.\n"
+        out += f"No exit of {label} is known{since}.\n"
     rt = facts.runtime
     if rt is not None and rt.info.restart_count is not None:
-        label = asm.unit.label if asm.unit else facts.target.label
-        out += f"\n{label}: {rt.info.runtime} counts {rt.info.restart_count} restarts\n"
+        unit = esc(asm.unit.label) if asm.unit else label
+        out += f"\n{unit}: {rt.info.runtime} counts {rt.info.restart_count} restarts\n"
     out += "\nwithout a recording, whyrestart cannot know:\n"
     for line in unknowns(facts, asm, verdicts):
-        out += f"  - {line}\n"
-    out += f"\nto catch the next one: {record_command(facts)}\n"
+        out += f"  - {esc(line)}\n"
+    out += f"\nto catch the next one: {esc(record_command(facts))}\n"
     return out
 
 

@@ -290,7 +290,9 @@ def exit_state(obj: Mapping[str, Any]) -> dict[str, Any]:
     started = parse_rfc3339_ns(get_str(state, "StartedAt"))
     finished = parse_rfc3339_ns(get_str(state, "FinishedAt"))
     running = get_bool(state, "Running") or get_str(state, "Status") == "running"
-    ended = finished is not None and not running and (started is None or finished >= started)
+    # (not finished >= started: podman 4.3 stamps StartedAt after start returns, so a process
+    # that exits at once has its FinishedAt a few ms *before* its StartedAt)
+    ended = finished is not None and not running
     command = get_str(obj, "Path")
     if not command:
         cmd = get_dict(obj, "Config").get("Cmd")
