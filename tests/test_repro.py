@@ -17,6 +17,7 @@ from tracer.analysis.verdicts import Verdict
 from tracer.cli import main
 from tracer.errors import UsageError
 from tracer.repro import (
+    FAILED,
     KILLED,
     MEMORY_HIGH,
     MEMORY_MAX,
@@ -166,11 +167,13 @@ def test_judge() -> None:
     assert judge([], None, True)[0] == KILLED  # the liveness check killed it
 
 
-def _run(n: int, text: str, value: int, outcome: str, peak: int | None, cause: str) -> RunResult:
+def _run(
+    n: int, text: str, value: int, outcome: str, peak: int | None, cause: str, code: int = 0
+) -> RunResult:
     r = RunResult(run=n, setting=Setting(text, value), repeat=1, trace=f"run{n}.trace")
     r.outcome = outcome
     r.peak_bytes = peak
-    r.verdict = _v(n, cause, code=0 if cause == "app_exit" else None)
+    r.verdict = _v(n, cause, code=code if cause == "app_exit" else None)
     if outcome == KILLED:
         r.time_to_kill_s = 0.5
     return r
@@ -202,7 +205,7 @@ def test_comparison_table_and_json() -> None:
     # the shape documented in tracer/outputs/__init__.py
     assert set(doc) == {
         "schema", "kind", "setting", "fixed", "command", "cgroup_version", "parent_cgroup",
-        "out_dir", "interrupted", "runs", "smallest_surviving", "warnings",
+        "out_dir", "interrupted", "runs", "smallest_surviving", "conclusion", "warnings",
     }  # fmt: skip
     assert set(doc["runs"][0]) == {
         "run", "setting", "value", "repeat", "trace", "outcome", "survived", "exit_status",
@@ -340,3 +343,148 @@ def test_probe_results_are_in_the_runs_trace_which_replays_to_the_printed_verdic
         {k: v[k] for k in ("pid", "comm", "cause", "confidence", "summary", "advice")}
         for v in replayed
     ] == [printed]
+
+
+# -- the conclusion, from the verdicts (issue 22, finding 1) ------------------------------------
+
+
+def _comparison(*runs: RunResult, kind: str = MEMORY_MAX) -> Comparison:
+    plan = Plan(kind=kind, settings=[r.setting for r in runs], command=["x"], out_dir="d")
+    return Comparison(plan, list(runs), cgroup_version=1, parent_cgroup="/p")
+
+
+def test_all_survived_names_the_smallest() -> None:
+    """`repro --memory-max 32M,64M -- true`: every run survived, so the smallest value tried is
+    the answer (it used to say "no memory.limit_in_bytes survived every run")."""
+    c = _comparison(
+        _run(1, "32M", 32 * MiB, SURVIVED, 256 * 1024, "app_exit"),
+        _run(2, "64M", 64 * MiB, SURVIVED, 256 * 1024, "app_exit"),
+    )
+    kind, text = c.conclusion()
+    assert kind == "all_survived"
+    assert text.startswith("all runs survived: the smallest memory.limit_in_bytes tried is 32M")
+    assert "try larger" not in c.table() and text in c.table()
+    doc = c.to_json()
+    assert doc["smallest_surviving"]["setting"] == "32M"
+    assert doc["conclusion"] == {"kind": "all_survived", "text": text}
+
+
+def test_non_memory_failures_get_no_memory_advice() -> None:
+    """`repro --memory-max 32M,64M -- sh -c 'exit 1'`: both runs fail on their own; memory
+    played no part, so no advice to try larger limits."""
+    c = _comparison(
+        _run(1, "32M", 32 * MiB, FAILED, 256 * 1024, "app_exit", code=1),
+        _run(2, "64M", 64 * MiB, FAILED, 256 * 1024, "app_exit", code=1),
+    )
+    kind, text = c.conclusion()
+    assert kind == "other_reasons"
+    assert text == (
+        "every run failed for reasons other than memory: run 1 (app_exit (exit 1)), "
+        "run 2 (app_exit (exit 1)); the memory.limit_in_bytes did not decide these runs: "
+        "fix that failure first"
+    )
+    assert "larger" not in c.table()
+
+
+def test_memory_failures_get_memory_advice_and_others_are_named() -> None:
+    oom = _run(1, "32M", 32 * MiB, KILLED, 32 * MiB, "cgroup_oom")
+    crash = _run(2, "64M", 64 * MiB, FAILED, 40 * MiB, "app_exit", code=2)
+    assert _comparison(oom).conclusion() == (
+        "none_survived",
+        "no memory.limit_in_bytes survived every run (cgroup_oom): try larger values",
+    )
+    kind, text = _comparison(oom, crash).conclusion()
+    assert kind == "none_survived"
+    assert text.endswith("; failed for reasons other than memory: run 2 (app_exit (exit 2))")
+    ok = _run(3, "128M", 128 * MiB, SURVIVED, 100 * MiB, "app_exit")
+    kind, text = _comparison(oom, crash, ok).conclusion()
+    assert kind == "smallest_survived" and text.startswith(
+        "smallest memory.limit_in_bytes that survived: 128M (peak 100.0 MiB"
+    )
+    assert "run 2 (app_exit (exit 2))" in text
+
+
+def test_a_probe_timeout_experiment_judges_by_liveness_kills() -> None:
+    killed = _run(1, "0.5", 1, KILLED, None, "signal_kill")
+    killed.liveness_kill = True
+    oom = _run(2, "1", 2, KILLED, None, "cgroup_oom")
+    kind, text = _comparison(killed, oom, kind=PROBE_TIMEOUT).conclusion()
+    assert kind == "none_survived"
+    assert text == (
+        "no probe timeout survived every run (signal_kill (liveness kill)): try larger values; "
+        "failed for reasons other than the probe timeout: run 2 (cgroup_oom)"
+    )
+
+
+def test_interrupted_says_so_and_concludes_nothing() -> None:
+    import signal
+
+    r = RunResult(run=1, setting=Setting("32M", 32 * MiB), repeat=1, trace="t")
+    r.error = "interrupted by SIGINT"
+    c = _comparison(r, _run(2, "64M", 64 * MiB, SURVIVED, 1, "app_exit"))
+    c.runs.pop()
+    c.interrupted, c.stop_signal = True, signal.SIGINT
+    assert c.conclusion() == (
+        "interrupted",
+        "interrupted by SIGINT after 1 of 2 runs: no conclusion",
+    )
+    table = c.table()
+    assert "interrupted by SIGINT" in table.splitlines()[2] and "larger" not in table
+
+
+def test_a_value_listed_twice_is_refused() -> None:
+    with pytest.raises(UsageError, match="32M and 32M are the same value"):
+        _plan(memory_max="32M,32M")
+    with pytest.raises(UsageError, match="32M and 33554432 are the same value"):
+        _plan(memory_max="32M,33554432")
+
+
+@pytest.mark.root
+def test_cli_all_survive_and_non_memory_failure(tmp_path: Path) -> None:
+    r = CliRunner().invoke(
+        main, ["repro", "--memory-max", "32M,64M", "--out-dir", str(tmp_path / "a"), "--json",
+               "--", "true"],
+    )  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    doc = orjson.loads(r.stdout)
+    assert doc["conclusion"]["kind"] == "all_survived"
+    assert doc["smallest_surviving"]["setting"] == "32M"
+    r = CliRunner().invoke(
+        main, ["repro", "--memory-max", "32M,64M", "--out-dir", str(tmp_path / "b"), "--",
+               "sh", "-c", "exit 1"],
+    )  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    assert "every run failed for reasons other than memory" in r.stdout
+    assert "larger" not in r.stdout
+
+
+@pytest.mark.root
+def test_sigint_during_repro_exits_non_zero_and_says_so(tmp_path: Path) -> None:
+    """SIGINT to repro during a run: the run's workload gets it (the lifecycle policy), the
+    experiment stops, the table says "interrupted by SIGINT", and repro exits 130."""
+    import signal
+    import subprocess
+    import time
+
+    import psutil
+
+    out = tmp_path / "runs"
+    p = subprocess.Popen(
+        [sys.executable, "-m", "tracer.cli", "repro", "--memory-max", "32M,64M", "--out-dir",
+         str(out), "--", "sleep", "60"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 30
+    sleeper = None
+    while sleeper is None and time.monotonic() < deadline:
+        kids = psutil.Process(p.pid).children(recursive=True)
+        sleeper = next((k for k in kids if k.name() == "sleep"), None)
+        time.sleep(0.05)
+    assert sleeper is not None, "the workload never started"
+    p.send_signal(signal.SIGINT)
+    stdout, stderr = p.communicate(timeout=30)
+    assert p.returncode == 130, stderr
+    assert not psutil.pid_exists(sleeper.pid)
+    assert "interrupted by SIGINT after 1 of 2 runs: no conclusion" in stdout
+    assert "larger" not in stdout and "Traceback" not in stderr
+    assert os.listdir(out) == ["run01-memory_max-32M.trace"]

@@ -20,6 +20,16 @@ from tracer.analysis.pressure import TailLine
 from tracer.analysis.verdicts import Analyzer, Verdict
 from tracer.errors import UsageError, WhyrestartError
 from tracer.events import CgroupInfo, Event
+from tracer.options import (
+    CGROUP,
+    DURATION,
+    OUTPUT_DIR,
+    OUTPUT_FILE,
+    PROBE,
+    Checked,
+    SettingList,
+    check_output_file,
+)
 from tracer.render import Clock, timeline, verdict_table
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -33,6 +43,10 @@ def _friendly(fn: F) -> F:
         except WhyrestartError as exc:
             click.echo(f"whyrestart: {safetext.block(str(exc))}", err=True)
             sys.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            # a SIGINT outside the recording loop (which handles its own): no traceback
+            click.echo("whyrestart: interrupted by SIGINT", err=True)
+            sys.exit(128 + 2)
 
     return wrapper  # type: ignore[return-value]
 
@@ -60,7 +74,20 @@ def _text(text: str, err: bool = False, nl: bool = True) -> None:
     click.echo(safetext.block(text), err=err, nl=nl)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+EXIT_CODES = """\b
+Exit codes: 0 done; 1 other error; 2 bad usage (the message names the option); 3 needs root or a
+capability; 4 the kernel lacks a feature; 5 a BPF step failed; 6 a bad trace file; 7 an output
+cannot be written. record, tail and repro exit with the command's status instead (128+N when
+signal N ended it), or 128+N when signal N stopped them."""
+
+LIFECYCLE = """\b
+The command runs in its own process group, in the terminal's foreground (Ctrl-C reaches it
+once). When the recording ends first (--duration, or SIGINT/SIGTERM/SIGHUP to whyrestart), the
+group gets that signal (SIGTERM for --duration), then 5 s for the command to exit, then SIGKILL
+(at a second signal: at once)."""
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES)
 @click.version_option(__version__, prog_name="whyrestart")
 def main() -> None:
     """Why did my process or container restart? eBPF evidence, one verdict per exit."""
@@ -136,13 +163,14 @@ def target_options(fn: F) -> F:
         click.option(
             "--pid",
             "pids",
-            type=int,
+            type=click.IntRange(min=1),
             multiple=True,
             help="Watch this process and its descendants (repeatable).",
         ),
         click.option(
             "--cgroup",
             "cgroups",
+            type=CGROUP,
             multiple=True,
             help="Watch every process in this memory cgroup or below, e.g. "
             "/system.slice/x.service (repeatable).",
@@ -176,31 +204,34 @@ def target_options(fn: F) -> F:
         click.option(
             "--probe",
             "probes",
+            type=PROBE,
             multiple=True,
             help="Health probe: http://HOST:PORT/PATH, tcp://HOST:PORT or exec:CMD (repeatable).",
         ),
         click.option(
             "--probe-interval",
-            default="1s",
-            show_default=True,
-            help="Time between probes (0.5, 500ms, 2s).",
+            type=DURATION,
+            default=None,
+            help="Time between probes (0.5, 500ms, 2s; default 1s; needs --probe).",
         ),
         click.option(
             "--probe-timeout",
-            default="1s",
-            show_default=True,
-            help="A probe slower than this failed.",
+            type=DURATION,
+            default=None,
+            help="A probe slower than this failed (default 1s; needs --probe).",
         ),
         click.option(
             "--supervisor",
             "supervisors",
-            type=int,
+            type=click.IntRange(min=1),
             multiple=True,
             help="Pid of a supervisor whose kills count as stops/probe kills.",
         ),
-        click.option("--duration", type=float, default=None, help="Stop after this many seconds."),
         click.option(
-            "--redact", is_flag=True, help="Keep the recorded command line out of the trace."
+            "--duration",
+            type=DURATION,
+            default=None,
+            help="Stop after this long (seconds: 600, 600s, 500ms).",
         ),
     ]
     for opt in reversed(opts):
@@ -208,15 +239,26 @@ def target_options(fn: F) -> F:
     return fn
 
 
-def make_targets(kw: dict[str, Any], command: tuple[str, ...]) -> Any:
+def make_targets(kw: dict[str, Any], command: tuple[str, ...], verb: str = "record") -> Any:
     """Turn the target options into ``tracer.record.Targets`` (bad input: UsageError)."""
     from tracer.follow import ProbeSetup
     from tracer.record import Targets
     from tracer.runtimes.systemd import SystemdRuntime
-    from tracer.sources.probes import parse_duration, parse_probe
 
-    if kw["duration"] is not None and kw["duration"] <= 0:
-        raise UsageError("--duration must be positive")
+    if not (kw["pids"] or kw["cgroups"] or kw["all_"] or command or kw["containers"]) and not (
+        kw["units"] or kw["pods"]
+    ):
+        raise UsageError(
+            f"nothing to {verb}",
+            "give a command after --, or --pid, --cgroup, --container, --unit, --pod or --all",
+        )
+    if not kw["probes"]:
+        given = [o for o in ("probe_interval", "probe_timeout") if kw[o] is not None]
+        if given:
+            raise UsageError(
+                " and ".join("--" + o.replace("_", "-") for o in given) + " need --probe",
+                "say what to probe: --probe http://HOST:PORT/PATH, or drop them",
+            )
     cgroups = list(kw["cgroups"])
     for unit in kw["units"]:
         rt = SystemdRuntime()
@@ -239,9 +281,9 @@ def make_targets(kw: dict[str, Any], command: tuple[str, ...]) -> Any:
     probes = None
     if kw["probes"]:
         probes = ProbeSetup(
-            [parse_probe(p) for p in kw["probes"]],
-            parse_duration(kw["probe_interval"]),
-            parse_duration(kw["probe_timeout"]),
+            list(kw["probes"]),
+            kw["probe_interval"] if kw["probe_interval"] is not None else 1.0,
+            kw["probe_timeout"] if kw["probe_timeout"] is not None else 1.0,
         )
     return Targets(
         pids=list(kw["pids"]),
@@ -251,19 +293,19 @@ def make_targets(kw: dict[str, Any], command: tuple[str, ...]) -> Any:
         containers=list(kw["containers"]),
         probes=probes,
         supervisor_pids=list(kw["supervisors"]),
-        redact=kw["redact"],
+        redact=kw.get("redact", False),
     )
 
 
-@main.command(context_settings={"ignore_unknown_options": False})
+@main.command(context_settings={"ignore_unknown_options": False}, epilog=LIFECYCLE)
 @click.option(
     "-o",
     "--output",
     required=True,
-    type=click.Path(dir_okay=False),
     help="Trace file to write (JSON lines; .zst to compress).",
 )
 @target_options
+@click.option("--redact", is_flag=True, help="Keep the recorded command line out of the trace.")
 @click.option("--json", "as_json", is_flag=True, help="Print the verdicts as JSON at the end.")
 @click.option("-q", "--quiet", is_flag=True, help="No status line.")
 @click.option("--force", is_flag=True, help="Replace an existing trace file at -o.")
@@ -283,6 +325,10 @@ def record(
     """
     from tracer.record import Recorder
 
+    try:
+        check_output_file(output, overwrite=force, force_option="--force")
+    except UsageError as exc:
+        raise click.BadParameter(str(exc), param_hint="'-o' / '--output'") from None
     targets = make_targets(kw, command)
     rec = Recorder(
         output,
@@ -314,8 +360,7 @@ def record(
             f"whyrestart replay {result.path}",
             err=True,
         )
-    if result.command_status is not None:
-        sys.exit(result.command_status)
+    sys.exit(result.exit_code)
 
 
 NOT_KEPT = (
@@ -359,7 +404,7 @@ def _tail_printer(clock_holder: list[Clock], as_json: bool) -> Any:
     return show
 
 
-@main.command()
+@main.command(epilog=LIFECYCLE)
 @target_options
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
@@ -373,7 +418,7 @@ def tail(as_json: bool, command: tuple[str, ...], **kw: Any) -> None:
     from tracer.analysis.pressure import PressureFeed
     from tracer.record import Recorder
 
-    targets = make_targets(kw, command)
+    targets = make_targets(kw, command, verb="watch")
     clock: list[Clock] = []
     show = _tail_printer(clock, as_json)
     rec: Recorder
@@ -393,6 +438,7 @@ def tail(as_json: bool, command: tuple[str, ...], **kw: Any) -> None:
     show(feed.flush(result.header.started_ns if not clock else clock[0].start_ns))
     for w in result.warnings:
         _warn(w)
+    sys.exit(result.exit_code)
 
 
 # -- replay --------------------------------------------------------------------------------
@@ -428,7 +474,7 @@ def replay(trace: str, as_json: bool, verdicts_only: bool, as_tail: bool) -> Non
         from tracer.analysis.pressure import PressureFeed
 
         feed = PressureFeed(path_of)
-        show = _tail_printer([clock], False)
+        show = _tail_printer([clock], as_json)
         last = header.started_ns
         for ev in reader:
             show(feed.feed(ev, analyzer.feed(ev)))
@@ -439,15 +485,24 @@ def replay(trace: str, as_json: bool, verdicts_only: bool, as_tail: bool) -> Non
             _warn(w)
         return
     if as_json:
-        for _ in fed():
-            pass
-        analyzer.finish()
+        if verdicts_only:
+            analyzer.feed_all(reader)
+        else:
+            for _ in fed():
+                pass
+            analyzer.finish()
+        # --verdicts-only: no "events" key (the timeline is what it leaves out)
+        events_doc = (
+            {}
+            if verdicts_only
+            else {"events": [e.to_record() for e in events if not isinstance(e, CgroupInfo)]}
+        )
         click.echo(
             _dumps(
                 {
                     "schema": 1,
                     "header": header.to_record(),
-                    "events": [e.to_record() for e in events if not isinstance(e, CgroupInfo)],
+                    **events_doc,
                     "cgroups": {str(k): v.path for k, v in analyzer.cgroups.items()},
                     "verdicts": [{**v.to_json(), "t": clock.rel(v.ts)} for v in analyzer.verdicts],
                     "restarts": [r.to_json() for r in analyzer.restarts],
@@ -639,19 +694,40 @@ def _since_seconds(text: str, parse_duration: Callable[[str], float]) -> float:
 # -- report, export, repro (tracer/outputs, tracer/repro.py) -------------------------------
 
 
+def default_report_path(trace: str) -> str:
+    """report's default output: the trace's name with .html in place of .trace[.zst]."""
+    for suffix in (".trace.zst", ".trace", ".zst"):
+        if trace.endswith(suffix):
+            return trace[: -len(suffix)] + ".html"
+    return trace + ".html"
+
+
+def _parse_probe(text: str) -> object:
+    from tracer.sources.probes import parse_probe
+
+    return parse_probe(text)
+
+
+def _parse_duration(text: str) -> object:
+    from tracer.sources.probes import parse_duration
+
+    return parse_duration(text)
+
+
 @main.command()
 @click.argument("trace", type=click.Path(dir_okay=False))
 @click.option(
     "-o",
     "--output",
-    type=click.Path(dir_okay=False),
+    type=OUTPUT_FILE,
     default=None,
-    help="HTML file to write (self-contained: opens offline). Default: TRACE with .html.",
+    help="HTML file to write (self-contained: opens offline). Default: TRACE with .html "
+    "in place of .trace or .trace.zst.",
 )
 @click.option(
     "--png",
     "png",
-    type=click.Path(dir_okay=False),
+    type=OUTPUT_FILE,
     default=None,
     help="Also write the charts as one PNG image (for tickets).",
 )
@@ -669,8 +745,11 @@ def report(trace: str, output: str | None, png: str | None) -> None:
     from tracer.outputs.timeline import load
 
     if output is None:
-        base = trace[: -len(".trace")] if trace.endswith(".trace") else trace
-        output = base + ".html"
+        output = default_report_path(trace)
+        try:
+            check_output_file(output)
+        except UsageError as exc:
+            raise click.BadParameter(f"the default {exc}", param_hint="'-o' / '--output'") from None
     timeline = load(trace)
     for w in timeline.warnings:
         _warn(w)
@@ -688,9 +767,7 @@ def report(trace: str, output: str | None, png: str | None) -> None:
     show_default=True,
     help="perfetto: Chrome trace-event JSON for ui.perfetto.dev.",
 )
-@click.option(
-    "-o", "--output", required=True, type=click.Path(dir_okay=False), help="File to write."
-)
+@click.option("-o", "--output", required=True, type=OUTPUT_FILE, help="File to write.")
 @_friendly
 def export(trace: str, fmt: str, output: str) -> None:
     """Convert a trace for other tools: ``--format perfetto`` opens in ui.perfetto.dev, with a
@@ -707,30 +784,72 @@ def export(trace: str, fmt: str, output: str) -> None:
     )
 
 
-@main.command(context_settings={"ignore_unknown_options": False})
-@click.option("--memory-max", default=None, help="Memory limits to try, e.g. 64M,128M,256M.")
-@click.option("--memory-high", default=None, help="memory.high values to try (cgroup v2 only).")
+@main.command(context_settings={"ignore_unknown_options": False}, epilog=LIFECYCLE)
 @click.option(
-    "--probe-timeout", default=None, help="Probe timeouts to try, e.g. 0.5,1s,2s (needs --probe)."
+    "--memory-max",
+    type=SettingList("memory_max"),
+    default=None,
+    help="Memory limits to try, e.g. 64M,128M,256M.",
 )
-@click.option("--runs", "repeats", type=int, default=1, show_default=True, help="Runs per value.")
-@click.option("--probe", default=None, help="http://HOST:PORT/PATH, tcp://HOST:PORT or exec:CMD.")
-@click.option("--probe-interval", default=None, help="Seconds between probes (default 1).")
+@click.option(
+    "--memory-high",
+    type=SettingList("memory_high"),
+    default=None,
+    help="memory.high values to try (cgroup v2 only).",
+)
+@click.option(
+    "--probe-timeout",
+    type=SettingList("probe_timeout"),
+    default=None,
+    help="Probe timeouts to try, e.g. 0.5,1s,2s (needs --probe).",
+)
+@click.option(
+    "--runs",
+    "repeats",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Runs per value.",
+)
+@click.option(
+    "--probe",
+    type=Checked("probe", _parse_probe),
+    default=None,
+    help="http://HOST:PORT/PATH, tcp://HOST:PORT or exec:CMD.",
+)
+@click.option(
+    "--probe-interval",
+    type=Checked("duration", _parse_duration),
+    default=None,
+    help="Time between probes (default 1s).",
+)
 @click.option(
     "--probe-failures",
-    type=int,
+    type=click.IntRange(min=0),
     default=3,
     show_default=True,
     help="Kill the workload after this many failed probes in a row, like a liveness probe "
     "(0: never).",
 )
-@click.option("--probe-delay", default=None, help="Wait this long before the first probe.")
-@click.option("--duration", type=float, default=None, help="End each run after this many seconds.")
 @click.option(
-    "--out-dir", default=None, help="Directory for the traces (default ./repro-<timestamp>)."
+    "--probe-delay",
+    type=Checked("duration", _parse_duration),
+    default=None,
+    help="Wait this long before the first probe.",
+)
+@click.option(
+    "--duration", type=DURATION, default=None, help="End each run after this long (120, 2s)."
+)
+@click.option(
+    "--out-dir",
+    type=OUTPUT_DIR,
+    default=None,
+    help="Directory for the traces, made if missing (its parent must exist; default "
+    "./repro-<timestamp>).",
 )
 @click.option(
     "--parent-cgroup",
+    type=CGROUP,
     default=None,
     help="Memory cgroup under which each run's cgroup is made (default: beside/under ours).",
 )
@@ -794,6 +913,8 @@ def repro(
         click.echo(_dumps(comparison.to_json()))
     else:
         _text(comparison.table(), nl=False)
+    if comparison.stop_signal is not None:
+        sys.exit(128 + comparison.stop_signal)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -49,7 +49,7 @@ from tracer.pipeline.sources import (
 from tracer.sources import system
 from tracer.sources.cgroupfs import CgroupLayout, CgroupResolver, parse_proc_cgroup
 from tracer.sources.samplers import DEFAULT_INTERVAL_NS, SamplerSet
-from tracer.spawn import GatedChild
+from tracer.spawn import STOP_GRACE_S, STOP_SIGNALS, GatedChild
 from tracer.trace.format import SCHEMA_VERSION, TraceFooter, TraceHeader
 from tracer.trace.writer import TraceWriter
 
@@ -95,6 +95,15 @@ class RecordResult:
     warnings: list[str]
     reason: str
     command_status: int | None  # the command's exit status as a shell reports it
+    stop_signal: int | None = None  # the signal that stopped the recording, if one did
+
+    @property
+    def exit_code(self) -> int:
+        """What record and tail exit with (tracer/spawn.py: the lifecycle policy): the
+        command's status; without one, 128+N when signal N stopped the recording, else 0."""
+        if self.command_status is not None:
+            return self.command_status
+        return 128 + self.stop_signal if self.stop_signal is not None else 0
 
 
 def memory_hierarchy_id(cg_layout: CgroupLayout, proc_root: str = "/proc") -> int:
@@ -152,10 +161,18 @@ def _check_output(path: str, overwrite: bool) -> None:
 class _StopFlag:
     def __init__(self) -> None:
         self.reason: str | None = None
+        self.signal: int | None = None  # the first signal that stopped the recording
+        self.signals = 0  # how many came (a second one kills the command at once)
 
     def set(self, reason: str) -> None:
         if self.reason is None:
             self.reason = reason
+
+    def by_signal(self, signum: int) -> None:
+        self.signals += 1
+        if self.signal is None:
+            self.signal = signum
+        self.set(f"interrupted by {signal.Signals(signum).name}")
 
 
 class Recorder:
@@ -376,6 +393,9 @@ class Recorder:
                 self._loop(pipeline, child, watch, writer, counters, started)
                 pipeline.drain(FINAL_DRAIN_S)
             finally:
+                if child is not None and child.poll() is None:
+                    # the recording failed: the command must not outlive it either
+                    _end_now(child)
                 self._restore_signal_handlers(prev_handlers)
                 pipeline.close_sources()
         except BaseException as exc:
@@ -385,15 +405,17 @@ class Recorder:
                 footer = self._footer(pipeline, counters, reason, failed=True)
                 pipeline.close_sinks(footer, complete=False)
             raise
-        footer = self._footer(pipeline, counters, self.stop.reason or "stopped")
+        reason = self.stop.reason or "stopped"
+        if child is not None and child.stop_signal is not None:
+            reason += f"; the command was sent {signal.Signals(child.stop_signal).name}"
+            if child.killed:
+                reason += ", then SIGKILL"
+        footer = self._footer(pipeline, counters, reason)
         pipeline.close_sinks(footer, complete=True)
         if self.status:
             status = self._status_line(time.monotonic() - started, pipeline, writer, counters)
             self.status(status, True)
-        command_status = None
-        if child is not None and child.returncode is not None:
-            rc = child.returncode
-            command_status = rc if rc >= 0 else 128 - rc
+        command_status = child.status if child is not None else None
         return RecordResult(
             path=self.output,
             header=header,
@@ -405,6 +427,7 @@ class Recorder:
             warnings=list(footer.warnings),
             reason=footer.exit,
             command_status=command_status,
+            stop_signal=self.stop.signal,
         )
 
     def _footer(
@@ -448,9 +471,20 @@ class Recorder:
                 reason = self._should_stop(child, now - started, watch)
                 if reason:
                     self.stop.set(reason)
-                    grace_until = now + GRACE_S
+                    # the command is ended by the policy in tracer/spawn.py; recording goes on
+                    # until it has ended, so its end is in the trace
+                    if not self._end_command(child, now):
+                        grace_until = now + GRACE_S
             elif now >= grace_until:
                 return
+
+    def _end_command(self, child: GatedChild | None, now: float) -> bool:
+        """Pass the stop on to a command still running (SIGTERM at the end of --duration);
+        True while it runs."""
+        if child is None:
+            return False
+        sig = self.stop.signal or signal.SIGTERM
+        return child.end(sig, now, at_once=self.stop.signals > 1)
 
     def _should_stop(self, child: GatedChild | None, elapsed: float, watch: WatchSet) -> str | None:
         if self.stop.reason:
@@ -492,9 +526,9 @@ class Recorder:
         prev: dict[int, Any] = {}
 
         def handler(signum: int, _frame: object) -> None:
-            self.stop.set(f"interrupted by {signal.Signals(signum).name}")
+            self.stop.by_signal(signum)
 
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        for sig in STOP_SIGNALS:
             # not the main thread (tests): the caller stops us instead
             with contextlib.suppress(ValueError):
                 prev[sig] = signal.signal(sig, handler)
@@ -504,6 +538,14 @@ class Recorder:
     def _restore_signal_handlers(prev: dict[int, Any]) -> None:
         for sig, h in prev.items():
             signal.signal(sig, h)
+
+
+def _end_now(child: GatedChild) -> None:
+    """The stop policy without a loop around it: SIGTERM, the grace period, SIGKILL."""
+    deadline = time.monotonic() + STOP_GRACE_S + 1.0
+    while child.end(signal.SIGTERM, time.monotonic()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child.give_back_terminal()
 
 
 __all__ = ["RecordResult", "Recorder", "Targets", "preflight"]

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from tracer import safetext
 from tracer.analysis.quantities import fmt_bytes
-from tracer.analysis.verdicts import APP_EXIT, Verdict
+from tracer.analysis.verdicts import APP_EXIT, CGROUP_OOM, GLOBAL_OOM, PROBE_KILL, Verdict
 from tracer.errors import UsageError
 
 if TYPE_CHECKING:
@@ -63,6 +63,11 @@ DEFAULT_PROBE_TIMEOUT_S = 1.0  # the kubelet's default timeoutSeconds
 STALL_KINDS = ("memcg", "direct", "high")
 
 SURVIVED, KILLED, FAILED, ERROR = "survived", "killed", "failed", "error"
+# The causes that say a run ended for memory: only these make a memory setting the answer.
+MEMORY_CAUSES = frozenset({CGROUP_OOM, GLOBAL_OOM, "userspace_oom"})
+# Comparison.conclusion()'s kinds (the "conclusion" of --json)
+ALL_SURVIVED, SMALLEST_SURVIVED = "all_survived", "smallest_survived"
+NONE_SURVIVED, OTHER_REASONS, INTERRUPTED = "none_survived", "other_reasons", "interrupted"
 
 # ---------------------------------------------------------------------------------------------
 # Parsing
@@ -106,8 +111,18 @@ def parse_settings(kind: str, text: str) -> list[Setting]:
     if kind == PROBE_TIMEOUT:
         from tracer.sources.probes import parse_duration
 
-        return [Setting(p, parse_duration(p)) for p in parts]
-    return [Setting(p, parse_size(p)) for p in parts]
+        settings = [Setting(p, parse_duration(p)) for p in parts]
+    else:
+        settings = [Setting(p, parse_size(p)) for p in parts]
+    seen: dict[int | float, str] = {}
+    for st in settings:
+        if st.value in seen:
+            raise UsageError(
+                f"bad {OPTION[kind]} {text!r}: {seen[st.value]} and {st.text} are the same value",
+                fix="list each value once; --runs N repeats every value N times",
+            )
+        seen[st.value] = st.text
+    return settings
 
 
 # ---------------------------------------------------------------------------------------------
@@ -278,6 +293,7 @@ class RunResult:
     max_probe_latency_s: float | None = None
     liveness_kill: bool = False  # repro killed it after failing probes
     error: str | None = None
+    stop_signal: int | None = None  # a signal to repro interrupted this run
 
     @property
     def survived(self) -> bool:
@@ -355,6 +371,63 @@ class Comparison:
     parent_cgroup: str
     interrupted: bool = False
     warnings: list[str] = field(default_factory=list)
+    stop_signal: int | None = None  # the signal that interrupted the experiment
+
+    def setting_decided(self, r: RunResult) -> bool:
+        """Whether a run that did not survive ended for a reason the varied setting governs:
+        a memory kill for a memory setting, a liveness or probe kill for the probe timeout."""
+        if self.plan.kind == PROBE_TIMEOUT:
+            return r.liveness_kill or (r.verdict is not None and r.verdict.cause == PROBE_KILL)
+        return r.outcome == KILLED and r.verdict is not None and r.verdict.cause in MEMORY_CAUSES
+
+    def conclusion(self) -> tuple[str, str]:
+        """(kind, text): what the runs show, derived from their verdicts. Advice to try larger
+        values only when runs ended for the reason the setting governs; runs that ended for
+        other reasons are named as such."""
+        name = self._setting_name()
+        reason = "the probe timeout" if self.plan.kind == PROBE_TIMEOUT else "memory"
+        if self.interrupted:
+            sig = signal.Signals(self.stop_signal).name if self.stop_signal else "a signal"
+            return INTERRUPTED, (
+                f"interrupted by {sig} after {len(self.runs)} of "
+                f"{len(self.plan.runs())} runs: no conclusion"
+            )
+        failed = [r for r in self.runs if not r.survived]
+        other = [r for r in failed if not self.setting_decided(r)]
+        best = self.smallest_surviving()
+        other_text = ", ".join(f"run {r.run} ({self._row_verdict(r)})" for r in other)
+        if best is not None:
+            s, runs = best
+            text = f"{'all runs survived: the smallest' if not failed else 'smallest'} {name}"
+            text += f" {'tried is' if not failed else 'that survived:'} {s.text}"
+            text += self._headroom_text(s, runs)
+            if other:
+                text += f"; failed for reasons other than {reason}: {other_text}"
+            return (ALL_SURVIVED if not failed else SMALLEST_SURVIVED), text
+        if other and len(other) == len(failed):
+            return OTHER_REASONS, (
+                f"every run failed for reasons other than {reason}: {other_text}; the {name} "
+                "did not decide these runs: fix that failure first"
+            )
+        decided = sorted({self._row_verdict(r) for r in failed if self.setting_decided(r)})
+        text = f"no {name} survived every run ({', '.join(decided)}): try larger values"
+        if other:
+            text += f"; failed for reasons other than {reason}: {other_text}"
+        return NONE_SURVIVED, text
+
+    def _headroom_text(self, s: Setting, runs: Sequence[RunResult]) -> str:
+        room = self.headroom(s, runs)
+        if room is None:
+            return ""
+        if self.plan.kind == PROBE_TIMEOUT:
+            return (
+                f" (slowest probe {s.value - room[0]:.3f} s, headroom {room[0]:.3f} s = "
+                f"{room[1]:.0f}%)"
+            )
+        return (
+            f" (peak {fmt_bytes(s.value - room[0])}, headroom {fmt_bytes(room[0])} = "
+            f"{room[1]:.0f}% of the limit)"
+        )
 
     def by_setting(self) -> list[tuple[Setting, list[RunResult]]]:
         out: dict[str, tuple[Setting, list[RunResult]]] = {}
@@ -423,6 +496,7 @@ class Comparison:
             "interrupted": self.interrupted,
             "runs": [r.to_json() for r in self.runs],
             "smallest_surviving": smallest,
+            "conclusion": dict(zip(("kind", "text"), self.conclusion(), strict=True)),
             "warnings": self.warnings,
         }
 
@@ -434,6 +508,25 @@ class Comparison:
         if self.plan.kind == MEMORY_HIGH:
             return "memory.high"
         return "memory.max" if self.cgroup_version == 2 else "memory.limit_in_bytes"
+
+    @staticmethod
+    def _row_verdict(r: RunResult) -> str:
+        """The verdict column: the cause, and what qualifies it."""
+        v = r.verdict
+        if r.outcome == ERROR:
+            return safetext.field(r.error or "error")
+        if r.outcome == SURVIVED and v is None:
+            return "still running at the end"
+        text = v.cause if v else "-"
+        if r.liveness_kill:
+            text += " (liveness kill)"
+        if r.outcome == FAILED and v is not None and v.exit_code not in (None, 0):
+            text += f" (exit {v.exit_code})"
+        elif r.outcome == FAILED and v is not None and v.signal is not None:
+            text += f" ({v.signal})"
+        elif r.outcome == FAILED and r.exit_status is not None:
+            text += f" (exit status {r.exit_status})"
+        return text
 
     def _value_text(self, s: Setting) -> str:
         if self.plan.kind == PROBE_TIMEOUT:
@@ -454,22 +547,12 @@ class Comparison:
         )
         rows = [header]
         for r in self.runs:
-            v = r.verdict
-            verdict = v.cause if v else "-"
-            if r.liveness_kill:
-                verdict += " (liveness kill)"
-            if r.outcome == FAILED and v is not None and v.exit_code not in (None, 0):
-                verdict += f" (exit {v.exit_code})"
-            elif r.outcome == SURVIVED and v is None:
-                verdict = "still running at the end"
-            elif r.outcome == ERROR:
-                verdict = safetext.field(r.error or "error")
             rows.append(
                 (
                     self._value_text(r.setting),
                     f"{r.repeat}/{self.plan.repeats}",
                     r.outcome,
-                    verdict,
+                    self._row_verdict(r),
                     fmt_bytes(r.peak_bytes) if r.peak_bytes is not None else "-",
                     f"{r.time_to_kill_s:.2f} s" if r.time_to_kill_s is not None else "-",
                     f"{r.stall_ns / 1e6:.0f} ms",
@@ -482,28 +565,7 @@ class Comparison:
         ]
         lines.insert(1, "  ".join("-" * w for w in widths))
         out = "\n".join(lines) + "\n\n"
-        best = self.smallest_surviving()
-        name = self._setting_name()
-        if best is None:
-            out += f"no {name} survived every run: try larger values\n"
-        else:
-            s, runs = best
-            room = self.headroom(s, runs)
-            if room is None:
-                out += f"smallest {name} that survived: {s.text}\n"
-            elif self.plan.kind == PROBE_TIMEOUT:
-                out += (
-                    f"smallest {name} that survived: {s.text} (slowest probe "
-                    f"{s.value - room[0]:.3f} s, headroom {room[0]:.3f} s = {room[1]:.0f}%)\n"
-                )
-            else:
-                out += (
-                    f"smallest {name} that survived: {s.text} (peak "
-                    f"{fmt_bytes(s.value - room[0])}, headroom {fmt_bytes(room[0])} = "
-                    f"{room[1]:.0f}% of the limit)\n"
-                )
-        if self.interrupted:
-            out += "interrupted: the runs above are all that ran\n"
+        out += self.conclusion()[1] + "\n"
         for w in self.warnings:
             out += f"warning: {w}\n"
         out += f"traces in {self.plan.out_dir}\n"
@@ -642,12 +704,14 @@ class Experiment:
                 fix="check the command and its PATH",
             )
         parent = self.plan.parent_cgroup or default_parent(layout)
-        os.makedirs(self.plan.out_dir, exist_ok=True)
-        if any(n.startswith("run") and n.endswith(".trace") for n in os.listdir(self.plan.out_dir)):
+        # before anything is made: a missing parent cgroup leaves no empty directory behind
+        parent_abs = (layout.memory_root or "").rstrip("/") + ("" if parent == "/" else parent)
+        if not os.path.isdir(parent_abs):
             raise UsageError(
-                f"{self.plan.out_dir} already holds run traces",
-                fix="choose another --out-dir (the default is a new timestamped one)",
+                f"--parent-cgroup {parent}: no such memory cgroup ({parent_abs})",
+                fix=f"give an existing one (ls {layout.memory_root}), or leave the option out",
             )
+        _make_out_dir(self.plan.out_dir)
         cap = None
         if self.plan.kind != MEMORY_MAX and self.plan.memory_max is None:
             cap = safety_cap()
@@ -657,12 +721,24 @@ class Experiment:
             )
         comparison = Comparison(self.plan, [], int(layout.memory_version), parent)
         todo = self.plan.runs()
-        for n, (setting, repeat) in enumerate(todo, start=1):
-            result = self._one(n, len(todo), setting, repeat, layout, parent, cap)
-            comparison.runs.append(result)
-            if result.error == "interrupted":
-                comparison.interrupted = True
-                break
+        # Between runs a stop signal ends the experiment after the run in progress (during a
+        # run the recorder handles it: tracer/spawn.py's policy ends the workload).
+        stopped: list[int] = []
+        prev = _catch_stop_signals(stopped.append)
+        try:
+            for n, (setting, repeat) in enumerate(todo, start=1):
+                if stopped:
+                    break
+                result = self._one(n, len(todo), setting, repeat, layout, parent, cap)
+                comparison.runs.append(result)
+                if result.stop_signal is not None:
+                    stopped.append(result.stop_signal)
+        finally:
+            for sig, handler in prev.items():
+                signal.signal(sig, handler)
+        if stopped:
+            comparison.interrupted = True
+            comparison.stop_signal = stopped[0]
         comparison.check_monotonic()
         return comparison
 
@@ -771,8 +847,10 @@ class Experiment:
         if live is not None:
             result.liveness_kill = live.killed_at_ns is not None
         result.max_probe_latency_s = max(latencies) / 1e9 if latencies else None
-        if rec.reason.startswith("interrupted"):
-            result.outcome, result.error = ERROR, "interrupted"
+        if rec.stop_signal is not None:
+            result.stop_signal = rec.stop_signal
+            result.outcome = ERROR
+            result.error = f"interrupted by {signal.Signals(rec.stop_signal).name}"
             result.verdict = deciding_verdict(rec.verdicts)
             return
         result.outcome, result.verdict = judge(
@@ -791,7 +869,46 @@ class Experiment:
             return f"survived{peak}"
         if r.outcome == FAILED:
             return f"failed (exit status {r.exit_status}){peak}"
-        return f"error: {r.error}"
+        return r.error or "error"
+
+
+def _make_out_dir(path: str) -> None:
+    """Make --out-dir (only its last component: its parent must exist, as record's -o
+    directory must), or reuse an existing directory that holds no run traces yet."""
+    from tracer.errors import OutputError
+    from tracer.options import check_output_dir
+
+    check_output_dir(path)
+    try:
+        os.mkdir(path)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise OutputError(
+            f"--out-dir {path}: cannot make the directory: {exc.strerror}",
+            fix="choose a directory on a writable, ordinary file system",
+        ) from None
+    try:
+        names = os.listdir(path)
+    except OSError as exc:
+        raise OutputError(f"--out-dir {path}: cannot list it: {exc.strerror}") from None
+    if any(n.startswith("run") and n.endswith(".trace") for n in names):
+        raise UsageError(
+            f"--out-dir {path} already holds run traces",
+            fix="choose another --out-dir (the default is a new timestamped one)",
+        )
+
+
+def _catch_stop_signals(note: Callable[[int], None]) -> dict[int, Any]:
+    """Route SIGINT/SIGTERM/SIGHUP to ``note``; returns the handlers to put back. Not in the
+    main thread (tests): nothing is installed."""
+    from tracer.spawn import STOP_SIGNALS
+
+    prev: dict[int, Any] = {}
+    for sig in STOP_SIGNALS:
+        with contextlib.suppress(ValueError):
+            prev[sig] = signal.signal(sig, lambda signum, _frame: note(signum))
+    return prev
 
 
 def _read_peak(abs_path: str, version: int | None) -> int | None:

@@ -31,7 +31,7 @@ unless a name ends in ``_ns`` (CLOCK_BOOTTIME nanoseconds); sizes are bytes.
       "cgroup_version": 1 | 2,
       "parent_cgroup": str,                # where each run's cgroup was created
       "out_dir": str,                      # the traces
-      "interrupted": bool,                 # Ctrl-C ended the experiment early
+      "interrupted": bool,                 # SIGINT/SIGTERM/SIGHUP ended it early (exit 128+N)
       "runs": [
         {
           "run": int,                      # 1-based, in the order run
@@ -61,6 +61,12 @@ unless a name ends in ``_ns`` (CLOCK_BOOTTIME nanoseconds); sizes are bytes.
         "headroom": int | float,           # value - peak usage (bytes) / - max latency (s)
         "headroom_pct": float              # headroom as a percentage of value
       } | null,
+      "conclusion": {                      # what the runs show, from their verdicts
+        "kind": "all_survived" | "smallest_survived" | "none_survived" | "other_reasons"
+                | "interrupted",           # other_reasons: no run failed for the varied
+                                           # setting's reason (memory, or the probe timeout)
+        "text": str                        # the last line of the table
+      },
       "warnings": [str, ...]               # e.g. a larger value failed where a smaller survived
     }
 

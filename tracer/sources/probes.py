@@ -104,7 +104,10 @@ def parse_probe(spec: str) -> ProbeSpec:
     scheme = scheme.lower()
     if scheme not in ("http", "tcp"):
         raise _bad_probe(spec, f"unsupported scheme {scheme!r}")
-    parts = urllib.parse.urlsplit(text)
+    try:
+        parts = urllib.parse.urlsplit(text)
+    except ValueError as exc:  # e.g. "Invalid IPv6 URL" for an unclosed [
+        raise _bad_probe(spec, str(exc)) from None
     try:
         port = parts.port  # raises ValueError for a non-numeric or out-of-range port
     except ValueError:
