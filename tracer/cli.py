@@ -75,10 +75,11 @@ def _text(text: str, err: bool = False, nl: bool = True) -> None:
 
 
 EXIT_CODES = """\b
-Exit codes: 0 done; 1 other error; 2 bad usage (the message names the option); 3 needs root or a
-capability; 4 the kernel lacks a feature; 5 a BPF step failed; 6 a bad trace file; 7 an output
-cannot be written. record, tail and repro exit with the command's status instead (128+N when
-signal N ended it), or 128+N when signal N stopped them."""
+Exit codes: 0 done; 1 other error; 2 bad usage (the message names the option);
+3 needs root or a capability; 4 the kernel lacks a feature; 5 a BPF step failed;
+6 a bad trace file; 7 writing an output failed (a full disk, a file system that makes no
+files). record, tail and repro exit with the command's status instead (128+N when signal N
+ended it), or 128+N when signal N stopped them."""
 
 LIFECYCLE = """\b
 The command runs in its own process group, in the terminal's foreground (Ctrl-C reaches it
