@@ -205,8 +205,8 @@ def test_default_output_name_and_old_trace(tmp_path: Path) -> None:
 @draws
 def test_unwritable_output_is_a_clear_error(tmp_path: Path) -> None:
     code, _, err = run("report", str(NESTED), "-o", str(tmp_path / "no" / "x.html"))
-    assert code == 7
-    assert "does not exist" in err and "Traceback" not in err
+    assert code == 2  # refused before any work, naming the option
+    assert "does not exist" in err and "'-o' / '--output'" in err and "Traceback" not in err
 
 
 def test_missing_matplotlib_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
