@@ -42,18 +42,17 @@ def wait_for_header(trace: Path) -> None:
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_a_signal_ends_the_recording_with_its_footer(tmp_path: Path, sig: int) -> None:
     trace = tmp_path / "s.trace"
-    # the command runs in its own session so that only the recorder gets the signal
-    # (and lets go of our pipes: it outlives the recorder by design, for up to 30 s)
-    rec = start(
-        trace, "setsid", "sh", "-c", "exec >/dev/null 2>&1; sleep 0.2; sh -c 'exit 5'; sleep 30"
-    )
+    # only the recorder gets the signal; it passes it on to the command (tracer/spawn.py)
+    rec = start(trace, "sh", "-c", "exec >/dev/null 2>&1; sleep 0.2; sh -c 'exit 5'; sleep 30")
     wait_for_header(trace)
     time.sleep(1.5)
     rec.send_signal(sig)
     out, _err = rec.communicate(timeout=60)
+    assert rec.returncode == 128 + sig
     t = read_trace(str(trace))
     assert t.footer is not None
-    assert t.footer.exit == f"interrupted by {signal.Signals(sig).name}"
+    name = signal.Signals(sig).name
+    assert t.footer.exit == f"interrupted by {name}; the command was sent {name}"
     assert "code 5" in out or "exit_code" in out or "app_exit" in out
 
 
@@ -61,15 +60,20 @@ def test_sigkill_leaves_a_trace_that_replays(tmp_path: Path) -> None:
     trace = tmp_path / "k.trace"
     rec = start(
         trace,
-        "setsid",
         "sh",
         "-c",
         "exec >/dev/null 2>&1; for i in 1 2 3; do sh -c 'exit 7'; done; sleep 30",
     )
     wait_for_header(trace)
     time.sleep(2.5)  # the recorder flushes at least once a second
+    import psutil
+
+    [command] = psutil.Process(rec.pid).children()
     rec.kill()
     rec.wait()
+    # the command does not outlive even a recorder killed with SIGKILL (PR_SET_PDEATHSIG)
+    command.wait(timeout=10)  # (not our child: psutil polls until it is gone, or raises)
+    assert not command.is_running()
     reader = TraceReader(str(trace))
     events = list(reader)
     assert reader.footer is None

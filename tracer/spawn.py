@@ -16,6 +16,8 @@ The lifecycle policy (record, tail and repro alike; README "Commands the tool st
   then `STOP_GRACE_S` for the command to exit; after that, or at a second signal to the
   recorder, SIGKILL to the group. The
   recording goes on meanwhile, so the command's end is in the trace.
+* If the recorder itself dies (even by SIGKILL), the kernel sends the command SIGKILL
+  (PR_SET_PDEATHSIG).
 * The tool exits with the command's status as a shell reports it (128+N when signal N ended
   it); without a command, 128+N when signal N stopped the recording, else 0.
 """
@@ -23,6 +25,7 @@ The lifecycle policy (record, tail and repro alike; README "Commands the tool st
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import shutil
 import signal
@@ -32,6 +35,7 @@ from tracer.errors import UsageError
 
 STOP_GRACE_S = 5.0
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def shell_status(returncode: int) -> int:
@@ -60,6 +64,19 @@ def _set_foreground(fd: int, pgrp: int) -> None:
         signal.signal(signal.SIGTTOU, old)
 
 
+def _die_with_parent(parent: int) -> None:
+    """In the child: SIGKILL when the recorder dies (PR_SET_PDEATHSIG), so that not even a
+    recorder killed with SIGKILL leaves the command running unwatched. (The signal comes when
+    the forking thread ends; the recorder ends the command before its run returns.)"""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # it died before the prctl
+        os._exit(128 + signal.SIGKILL)
+
+
 class GatedChild:
     def __init__(self, argv: list[str], before_exec: Callable[[], None] | None = None) -> None:
         if not argv:
@@ -76,6 +93,7 @@ class GatedChild:
         self.killed = False  # SIGKILL sent after the grace period
         self._kill_at: float | None = None
         self._tty = _terminal_fd()
+        parent = os.getpid()
         gate_r, self._gate_w = os.pipe()
         self._err_r, err_w = os.pipe2(os.O_CLOEXEC)
         pid = os.fork()
@@ -86,6 +104,7 @@ class GatedChild:
                 os.setpgid(0, 0)
                 os.read(gate_r, 1)
                 os.close(gate_r)
+                _die_with_parent(parent)
                 for sig in (*STOP_SIGNALS, signal.SIGPIPE, signal.SIGTTOU):
                     signal.signal(sig, signal.SIG_DFL)
                 if before_exec is not None:
