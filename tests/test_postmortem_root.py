@@ -171,3 +171,24 @@ def test_bad_targets(image: str) -> None:
     pid = 4_000_000  # above pid_max's largest value: never a process
     r = CliRunner().invoke(main, ["postmortem", "--pid", str(pid)])
     assert r.exit_code == 2 and "no such process, and the kernel log holds no OOM kill" in r.output
+
+
+def test_without_root_a_restricted_kernel_log_is_said(tmp_path: Path) -> None:
+    try:
+        restricted = Path("/proc/sys/kernel/dmesg_restrict").read_text().strip() == "1"
+    except OSError:
+        restricted = False
+    if not restricted or shutil.which("setpriv") is None:
+        pytest.skip("needs kernel.dmesg_restrict=1 and setpriv (util-linux)")
+    exe = Path(sys.executable).parent / "whyrestart"
+    r = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", str(exe),
+         "postmortem", "--all", "--json"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    doc = orjson.loads(r.stdout)
+    log = doc["kernel_log"]
+    assert (log["readable"], log["records"], doc["verdicts"]) == (False, 0, [])
+    assert "Operation not permitted" in log["error"] and "dmesg_restrict=0" in log["fix"]
+    assert any("could not be read" in u and "137" in u for u in doc["unknowns"])

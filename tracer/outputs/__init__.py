@@ -74,6 +74,45 @@ A run's ``outcome``: ``killed`` (its deciding verdict is not ``app_exit``, or th
 check killed it), ``failed`` (it exited non-zero or crashed on its own), ``survived`` (exit 0,
 or still running when ``--duration`` ended the run), ``error`` (interrupted).
 
+``whyrestart postmortem --json`` (schema 1; ``tracer/postmortem``)::
+
+    {
+      "schema": 1,
+      "kind": "postmortem",
+      "target": {"kind": "container" | "unit" | "pod" | "cgroup" | "pid" | "all",
+                 "spec": str,                # as given on the command line
+                 "label": str},              # e.g. "podman llm"
+      "now_ns": int,                        # CLOCK_BOOTTIME when the facts were read
+      "since_ns": int,                      # exits before this were not judged (--since)
+      "clock_offset_ns": int,               # CLOCK_REALTIME - CLOCK_BOOTTIME, now
+      "kernel_log": {
+        "readable": bool,
+        "error": str | null,                # why not (e.g. kernel.dmesg_restrict)
+        "fix": str | null,                  # what would let it be read
+        "records": int,                     # records the ring held
+        "first_ns": int | null,             # the oldest one, CLOCK_BOOTTIME
+        "first_seq": int | null,            # > 0: older records were overwritten since boot
+        "oom_reports": int                  # OOM victims it reports in the target
+      },
+      "runtime": {                          # null without one (--cgroup, --pid, --all)
+        "source": "podman" | "docker" | "systemd", "id": str, "name": str,
+        "state": str, "exit_code": int | null,  # the last exit, 128 + n for signal n
+        "finished_ns": int | null,          # when it says it happened, CLOCK_BOOTTIME
+        "restart_count": int | null, "restart_policy": str,
+        "oom_killed": bool | null           # its own claim (podman 4.3: false for OOM kills)
+      } | null,
+      "cgroups": [                          # the target's cgroups and every ancestor, now
+        {"path": str, "exists": bool, "limit_bytes": int | null, "usage_bytes": int | null,
+         "peak_bytes": int | null, "failcnt": int | null,
+         "events": {str: int}}, ...         # oom_kill, oom, under_oom / memory.events
+      ],
+      "verdicts": [ ... ],                  # replay --json's verdict objects; "t" is the
+                                            # wall-clock time (ISO 8601, UTC), and "pid" is 0
+                                            # where no source kept the pid
+      "unknowns": [str, ...],               # what only a recording could have told
+      "record_command": str                 # the command that records the next one
+    }
+
 ``whyrestart export --format perfetto`` writes the Chrome trace-event format (the JSON object
 form: ``{"traceEvents": [...], "displayTimeUnit": "ms", "metadata": {...}}``) that
 ui.perfetto.dev and chrome://tracing open. ``metadata`` carries ``{"schema": 1, "tool":

@@ -66,6 +66,7 @@ class KernelLog:
 
     readable: bool
     error: str = ""  # why it could not be read ("" when it was)
+    fix: str = ""  # what would let it be read
     records: int = 0
     first_ts: int | None = None  # CLOCK_BOOTTIME of the oldest record still in the ring
     first_seq: int | None = None  # > 0: older records were overwritten since boot

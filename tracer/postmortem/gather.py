@@ -129,14 +129,14 @@ def resolve(kind: str, spec: str, world: World, now: int) -> tuple[Target, Runti
         if pid <= 0:
             raise UsageError(f"--pid {spec}: not a process id")
         return Target(kind, spec, f"pid {pid}", pid=pid), None
-    return Target("all", "", "every OOM kill the kernel log holds"), None
+    return Target("all", "", "this host"), None
 
 
 def kernel_log(world: World, monotonic_offset: int) -> KernelLog:
     try:
         records = world.kmsg()
     except WhyrestartError as exc:
-        return KernelLog(readable=False, error=str(exc))
+        return KernelLog(readable=False, error=exc.message, fix=exc.fix or "")
     return read_kernel_log(records, monotonic_offset)
 
 

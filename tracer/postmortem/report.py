@@ -58,6 +58,7 @@ def unknowns(facts: Facts, asm: Assembled, verdicts: list[Verdict]) -> list[str]
         out.append(
             f"the kernel log could not be read ({log.error}): no OOM report can be seen, so a "
             "SIGKILL (exit 137) cannot be told apart from a kill by a person or a supervisor"
+            + (f"; to read it: {log.fix}" if log.fix else "")
         )
     elif (
         log.first_ts is not None
@@ -127,9 +128,13 @@ def sources(facts: Facts, asm: Assembled) -> list[str]:
         )
     else:
         lines.append(f"kernel log: unreadable ({log.error})")
+    gone = [c.path for c in facts.cgroups if not c.exists]
+    if len(gone) > 3:  # (--all on a busy host: every container that was killed and removed)
+        lines.append(f"{len(gone)} cgroups the kernel log names are gone (e.g. {gone[0]})")
+    else:
+        lines += [f"cgroup {path}: gone" for path in gone]
     for c in facts.cgroups:
         if not c.exists:
-            lines.append(f"cgroup {c.path}: gone")
             continue
         parts = [f"limit {fmt_bytes(c.limit_bytes) if c.limit_bytes else 'none'}"]
         if c.usage_bytes is not None:
@@ -163,7 +168,8 @@ def text(facts: Facts, asm: Assembled, verdicts: list[Verdict]) -> str:
         out += verdict_table(verdicts, clock)
     else:
         since = f" since {iso(facts.since_ns, facts)}" if facts.since_ns else ""
-        out += f"No exit of {label} is known{since}.\n"
+        what = "OOM kill" if facts.target.kind == "all" else f"exit of {label}"
+        out += f"No {what} is known{since}.\n"
     rt = facts.runtime
     if rt is not None and rt.info.restart_count is not None:
         unit = esc(asm.unit.label) if asm.unit else label
@@ -192,6 +198,7 @@ def to_json(facts: Facts, asm: Assembled, verdicts: list[Verdict]) -> dict[str, 
         "kernel_log": {
             "readable": log.readable,
             "error": log.error or None,
+            "fix": log.fix or None,
             "records": log.records,
             "first_ns": log.first_ts,
             "first_seq": log.first_seq,
