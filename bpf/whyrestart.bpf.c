@@ -37,6 +37,9 @@ struct wr_btf_anchor {
 	struct wr_cgroup_mkdir cgroup_mkdir;
 	struct wr_reclaim_key reclaim_key;
 	struct wr_reclaim_stats reclaim_stats;
+	enum wr_event_type type; /* the enums too: the test checks the Python numbers */
+	enum wr_stall_kind stall_kind;
+	enum wr_rung rung;
 };
 struct wr_btf_anchor wr_btf_anchor __attribute__((used));
 

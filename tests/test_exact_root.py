@@ -123,7 +123,7 @@ def probe_events(
     config = layout.WrConfig(
         self_tgid=os.getpid(), stall_threshold_ns=1 << 62, memcg_v1=int(memcg_v1)
     )
-    probe = hooks.Probe(config, disabled=disabled)
+    probe = hooks.KernelHooks(config, disabled=disabled)
     events: list[Event] = []
     try:
         rungs = dict(probe.attach().rungs)

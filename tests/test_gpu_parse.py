@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 
 from tests.gpu import build
-from tracer.bpf import layout
+from tracer.bpf import gpuhooks, layout
 from tracer.bpf.decode import Decoder
 from tracer.events import GpuAllocFailure, GpuLost, GpuOomRecovered, GpuXid
 from tracer.gpu import libcuda, xid
+from tracer.parse import elf
 from tracer.parse.kmsg import parse_record
 
 # -- Xid lines -------------------------------------------------------------------------------
@@ -226,7 +227,7 @@ def _readelf_offsets(path: Path, names: tuple[str, ...]) -> dict[str, int]:
 def test_symbol_offsets_agree_with_binutils(tmp_path: Path) -> None:
     lib = build.libcuda(tmp_path)
     names = (*libcuda.ALLOC_FUNCTIONS, *libcuda.FREE_FUNCTIONS, "cuInit", "cuNoSuchThing")
-    mine = libcuda.read_symbol_offsets(str(lib), names)
+    mine = gpuhooks.read_symbol_offsets(str(lib), names)
     assert set(mine) == set(names) - {"cuNoSuchThing"}
     assert mine == _readelf_offsets(lib, names)
     # the twins with identical bodies stayed apart (the stand-in is built for that)
@@ -241,7 +242,7 @@ def test_aliases_share_one_offset(tmp_path: Path) -> None:
     subprocess.run(
         [str(build.gcc()), "-shared", "-fPIC", "-O1", "-o", str(so), str(src)], check=True
     )
-    offs = libcuda.read_symbol_offsets(str(so), ("real_one", "alias_one", "other", "hidden"))
+    offs = gpuhooks.read_symbol_offsets(str(so), ("real_one", "alias_one", "other", "hidden"))
     assert offs["real_one"] == offs["alias_one"] != offs["other"]
     assert "hidden" not in offs  # a static function (in .symtab) is no entry point
     # the offset points at the code ctypes calls
@@ -250,21 +251,21 @@ def test_aliases_share_one_offset(tmp_path: Path) -> None:
 
 
 def test_not_elf_and_wrong_class_are_errors(tmp_path: Path) -> None:
-    with pytest.raises(libcuda.ElfError, match="not an ELF"):
-        libcuda.symbol_offsets(b"#!/bin/sh\n" + b"\0" * 80, ("x",))
-    with pytest.raises(libcuda.ElfError, match="64-bit"):
-        libcuda.symbol_offsets(b"\x7fELF\x01\x01" + b"\0" * 80, ("x",))
-    with pytest.raises(libcuda.ElfError, match="truncated"):
+    with pytest.raises(elf.ElfError, match="not an ELF"):
+        elf.symbol_offsets(b"#!/bin/sh\n" + b"\0" * 80, ("x",))
+    with pytest.raises(elf.ElfError, match="64-bit"):
+        elf.symbol_offsets(b"\x7fELF\x01\x01" + b"\0" * 80, ("x",))
+    with pytest.raises(elf.ElfError, match="truncated"):
         # a 64-bit header whose program headers lie beyond the end
         head = bytearray(b"\x7fELF\x02\x01" + b"\0" * 58)
         head[32:40] = (10_000).to_bytes(8, "little")  # e_phoff
         head[54:56] = (56).to_bytes(2, "little")  # e_phentsize
         head[56:58] = (1).to_bytes(2, "little")  # e_phnum
-        libcuda.symbol_offsets(bytes(head), ("x",))
+        elf.symbol_offsets(bytes(head), ("x",))
     empty = tmp_path / "empty"
     empty.write_bytes(b"")
-    with pytest.raises(libcuda.ElfError):
-        libcuda.read_symbol_offsets(str(empty), ("x",))
+    with pytest.raises(elf.ElfError):
+        gpuhooks.read_symbol_offsets(str(empty), ("x",))
 
 
 # -- ring-buffer records ------------------------------------------------------------------------
@@ -334,8 +335,10 @@ def test_decode_unknown_function_and_short_record() -> None:
 
 
 def test_every_function_number_has_a_probe_program() -> None:
-    from tracer.bpf import gpuprobe
-
     assert set(layout.GPU_FUNCS.values()) == set(libcuda.ALLOC_FUNCTIONS)
-    assert set(gpuprobe.PROGRAMS) == {*libcuda.ALLOC_FUNCTIONS, *libcuda.FREE_FUNCTIONS}
-    assert all(re.fullmatch(r"mem_\w+", e) for e, _ in gpuprobe.PROGRAMS.values())
+    # the frees first: they are attached before the allocations
+    assert tuple(gpuhooks.PROGRAMS) == libcuda.FREE_FUNCTIONS + libcuda.ALLOC_FUNCTIONS
+    assert all(
+        ret is None for f, (_, ret) in gpuhooks.PROGRAMS.items() if f in libcuda.FREE_FUNCTIONS
+    )
+    assert all(re.fullmatch(r"mem_\w+", e) for e, _ in gpuhooks.PROGRAMS.values())

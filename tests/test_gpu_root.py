@@ -22,7 +22,7 @@ from tests.gpu import build
 from tracer.analysis.verdicts import Analyzer, Verdict
 from tracer.bpf import layout
 from tracer.bpf.decode import Decoder
-from tracer.bpf.gpuprobe import GpuProbe
+from tracer.bpf.gpuhooks import GpuHooks
 from tracer.bpf.libbpf import RingBuffer
 from tracer.events import (
     Event,
@@ -331,7 +331,7 @@ def test_no_nvml_is_said_in_the_header_not_an_error(
 # -- the loader on its own ----------------------------------------------------------------------
 
 
-def run_against(probe: GpuProbe, lib: Path, mode: str, budget: int, workload: Path) -> list[Event]:
+def run_against(probe: GpuHooks, lib: Path, mode: str, budget: int, workload: Path) -> list[Event]:
     rb = RingBuffer(probe.events)
     try:
         proc = subprocess.Popen(
@@ -351,7 +351,7 @@ def test_aliases_are_probed_once_and_missing_entry_points_are_listed(
     old_dir = tmp_path / "old"
     old_dir.mkdir()
     old = build.libcuda(old_dir, "FAKE_CUDA_OLD_DRIVER")
-    probe = GpuProbe(layout.WrGpuConfig(filter_all=1, memcg_v1=0, self_tgid=os.getpid()))
+    probe = GpuHooks(layout.WrGpuConfig(filter_all=1, memcg_v1=0, self_tgid=os.getpid()))
     try:
         res = probe.attach_library(str(aliased))
         assert res.aliases == {"cuMemAllocAsync_ptsz": "cuMemAllocAsync"}
@@ -396,7 +396,7 @@ def test_aliases_are_probed_once_and_missing_entry_points_are_listed(
 def test_a_file_that_is_no_library_is_an_error_not_a_crash(tmp_path: Path) -> None:
     bogus = tmp_path / "libcuda.so.1"
     bogus.write_bytes(b"#!/bin/sh\n" * 10)
-    probe = GpuProbe(layout.WrGpuConfig(filter_all=0, memcg_v1=0, self_tgid=os.getpid()))
+    probe = GpuHooks(layout.WrGpuConfig(filter_all=0, memcg_v1=0, self_tgid=os.getpid()))
     try:
         res = probe.attach_library(str(bogus))
         assert res.probed == [] and len(res.errors) == 1

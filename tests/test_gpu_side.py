@@ -48,7 +48,7 @@ def side(proc: Path) -> Iterator[GpuSide]:
         filter_all=False,
         memcg_v1=True,
         object_path="/nonexistent/gpu.bpf.o",
-        probe_host=False,
+        attach_host=False,
         proc=str(proc),
         clock=Clock(),
     )
@@ -106,7 +106,7 @@ def test_under_all_every_process_of_proc_is_looked_at_once(proc: Path) -> None:
         filter_all=True,
         memcg_v1=True,
         object_path="/nonexistent/gpu.bpf.o",
-        probe_host=False,
+        attach_host=False,
         proc=str(proc),
         clock=Clock(),
     )

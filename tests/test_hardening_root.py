@@ -213,7 +213,7 @@ def test_a_flood_is_taken_in_bounded_batches_and_nothing_is_dropped_by_us() -> N
     from tracer.bpf.libbpf import RingBuffer
     from tracer.events import Exit
 
-    probe = hooks.Probe(
+    probe = hooks.KernelHooks(
         layout.WrConfig(
             filter_all=1,
             memcg_v1=0,

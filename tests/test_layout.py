@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
-from tracer.bpf import gpuprobe, hooks, layout
+from tracer.bpf import gpuhooks, hooks, layout
 
 pytestmark = pytest.mark.bpfobj
 
 
-def _dump_structs(path: str) -> dict[str, dict[str, Any]]:
+def _btf_types(path: str) -> list[dict[str, Any]]:
     bpftool = shutil.which("bpftool") or "/usr/sbin/bpftool"
     out = subprocess.run(
         [bpftool, "-j", "btf", "dump", "file", path],
@@ -26,8 +26,21 @@ def _dump_structs(path: str) -> dict[str, dict[str, Any]]:
         capture_output=True,
         text=True,
     ).stdout
-    types = json.loads(out)["types"]
+    types: list[dict[str, Any]] = json.loads(out)["types"]
+    return types
+
+
+def _dump_structs(path: str) -> dict[str, dict[str, Any]]:
+    types = _btf_types(path)
     return {t["name"]: t for t in types if t.get("kind") == "STRUCT" and t.get("name")}
+
+
+def _dump_enums(path: str) -> dict[str, dict[str, int]]:
+    return {
+        t["name"]: {v["name"]: v["val"] for v in t["values"]}
+        for t in _btf_types(path)
+        if t.get("kind") == "ENUM" and t.get("name")
+    }
 
 
 @pytest.fixture(scope="module")
@@ -35,14 +48,14 @@ def main_structs() -> dict[str, dict[str, Any]]:
     return _dump_structs(hooks.object_path())
 
 
-GPU_MISSING = f"GPU BPF object not built ({gpuprobe.object_path()}): make -C bpf"
+GPU_MISSING = f"GPU BPF object not built ({gpuhooks.object_path()}): make -C bpf"
 
 
 @pytest.fixture(scope="module")
 def gpu_structs() -> dict[str, dict[str, Any]] | None:
-    if not os.path.exists(gpuprobe.object_path()):
+    if not os.path.exists(gpuhooks.object_path()):
         return None
-    return _dump_structs(gpuprobe.object_path())
+    return _dump_structs(gpuhooks.object_path())
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +78,7 @@ def btf_structs(
 @pytest.mark.parametrize("name", sorted(layout.STRUCTS))
 def test_struct_matches_btf(name: str, btf_structs: dict[str, dict[str, Any]]) -> None:
     if name not in btf_structs and name in layout.GPU_STRUCTS:
-        assert not os.path.exists(gpuprobe.object_path()), f"{name} is not in gpu.bpf.o"
+        assert not os.path.exists(gpuhooks.object_path()), f"{name} is not in gpu.bpf.o"
         pytest.skip(GPU_MISSING)
     assert name in btf_structs, f"struct {name} is not in the object's BTF"
     btf = btf_structs[name]
@@ -101,41 +114,45 @@ def test_every_gpu_program_exists_in_the_gpu_object(
     if gpu_structs is None:
         pytest.skip(GPU_MISSING)
 
-    obj = BpfObject(gpuprobe.object_path())
+    obj = BpfObject(gpuhooks.object_path())
     try:
         names = {p.name: p.section for p in obj.programs()}
     finally:
         obj.close()
-    for entry, ret in gpuprobe.PROGRAMS.values():
+    for entry, ret in gpuhooks.PROGRAMS.values():
         assert names.get(entry) == "uprobe", entry
         if ret is not None:
             assert names.get(ret) == "uretprobe", ret
     # the type numbers the decoder registers are the ones the C enum has
-    enums = {
-        t["name"]: {v["name"]: v["val"] for v in t["values"]}
-        for t in json.loads(
-            subprocess.run(
-                [
-                    shutil.which("bpftool") or "/usr/sbin/bpftool",
-                    "-j",
-                    "btf",
-                    "dump",
-                    "file",
-                    gpuprobe.object_path(),
-                ],
-                check=True,
-                capture_output=True,
-                text=True,
-            ).stdout
-        )["types"]
-        if t.get("kind") == "ENUM" and t.get("name")
-    }
+    enums = _dump_enums(gpuhooks.object_path())
     assert enums["wr_gpu_event_type"] == {
         "WR_EV_GPU_ALLOC_FAIL": layout.EV_GPU_ALLOC_FAIL,
         "WR_EV_GPU_ALLOC_RECOVERED": layout.EV_GPU_ALLOC_RECOVERED,
     }
     funcs = enums["wr_gpu_func"]
     assert {v: k for k, v in funcs.items()}.keys() == layout.GPU_FUNCS.keys()
+
+
+def test_main_object_enums_match_the_python_numbers() -> None:
+    """Event types, stall kinds and rungs: the numbers the decoder reads are the C enums'."""
+    enums = _dump_enums(hooks.object_path())
+    assert enums["wr_event_type"] == {
+        "WR_EV_EXIT": layout.EV_EXIT,
+        "WR_EV_SIGNAL": layout.EV_SIGNAL,
+        "WR_EV_OOM": layout.EV_OOM,
+        "WR_EV_FORK": layout.EV_FORK,
+        "WR_EV_EXEC": layout.EV_EXEC,
+        "WR_EV_STALL": layout.EV_STALL,
+        "WR_EV_CGROUP_MKDIR": layout.EV_CGROUP_MKDIR,
+    }
+    assert enums["wr_stall_kind"] == {
+        f"WR_STALL_{name.upper()}": n for n, name in layout.STALL_KINDS.items()
+    }
+    assert enums["wr_rung"] == {
+        f"WR_RUNG_{name.upper()}": n
+        for n, name in layout.RUNG_NAMES.items()
+        if n != layout.RUNG_UPROBE  # (a #define beside the enum: gpu.bpf.o's rung)
+    }
 
 
 def test_kernel_function_is_found_in_btf_names_then_in_kallsyms(tmp_path: Any) -> None:

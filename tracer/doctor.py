@@ -121,11 +121,11 @@ def run_checks() -> tuple[list[Check], dict[str, Any]]:
                 self_tgid=os.getpid(),
                 watch_cgroups=0,
             )
-            probe = hooks.Probe(cfg)
+            kernel = hooks.KernelHooks(cfg)
             try:
-                attached = probe.attach()
+                attached = kernel.attach()
             finally:
-                probe.close()
+                kernel.close()
             facts["hooks"] = attached.rungs
             facts["hook_failures"] = attached.failures
             for hook, rung in attached.rungs.items():
@@ -167,7 +167,7 @@ def _gpu_checks(memcg_v1: bool, facts: dict[str, Any]) -> list[Check]:
     from tracer.gpu.side import GpuSide
 
     try:
-        side = GpuSide(filter_all=False, memcg_v1=memcg_v1, probe_host=True)
+        side = GpuSide(filter_all=False, memcg_v1=memcg_v1, attach_host=True)
     except Exception as exc:  # optional evidence: report it, never fail doctor
         return [Check("gpu", False, f"GPU side failed to start: {exc}", required=False)]
     try:

@@ -268,7 +268,7 @@ class Recorder:
             follow_cgroups=int(self.follower.following),
             hierarchy_id=memory_hierarchy_id(cg_layout),
         )
-        kernel = hooks.Probe(config)
+        kernel = hooks.KernelHooks(config)
         try:
             return self._run(kernel, resolver, cg_layout, cgroup_ids)
         finally:
@@ -276,7 +276,7 @@ class Recorder:
 
     def _assemble(
         self,
-        kernel: hooks.Probe,
+        kernel: hooks.KernelHooks,
         resolver: CgroupResolver,
         cg_layout: CgroupLayout,
         cgroup_ids: list[int],
@@ -346,7 +346,7 @@ class Recorder:
 
     def _run(
         self,
-        kernel: hooks.Probe,
+        kernel: hooks.KernelHooks,
         resolver: CgroupResolver,
         cg_layout: CgroupLayout,
         cgroup_ids: list[int],

@@ -61,7 +61,7 @@ RUNGS = {"fentry": (), "kprobe": FENTRY_PROGRAMS}
 # failure) is reported as xfailed with the reason; once the bug is fixed it simply passes.
 ENOTSUPP = 524  # the kernel's internal "operation not supported" errno
 KNOWN_BUG_LOOKUP_AND_DELETE = (
-    "known bug: Probe.drain_reclaim uses BPF_MAP_LOOKUP_AND_DELETE_ELEM on a hash map, which "
+    "known bug: KernelHooks.drain_reclaim uses BPF_MAP_LOOKUP_AND_DELETE_ELEM on a hash map, which "
     "kernels before 5.14 refuse with ENOTSUPP (524), so every recording aborts there"
 )
 KNOWN_BUG_NESTED_STALLS = (
@@ -91,7 +91,7 @@ def _attach(disabled: tuple[str, ...]) -> hooks.Attached:
         filter_all=0, memcg_v1=0, self_tgid=os.getpid(), watch_cgroups=0, stall_threshold_ns=0
     )
     system.ensure_tracefs()
-    probe = hooks.Probe(config, disabled=disabled)
+    probe = hooks.KernelHooks(config, disabled=disabled)
     try:
         return probe.attach()
     finally:
@@ -152,13 +152,13 @@ def record(
     """Record ``argv`` with the programs in ``disabled`` switched off: the result and the
     events of the trace file it wrote."""
 
-    class _Probe(hooks.Probe):
+    class _Hooks(hooks.KernelHooks):
         def __init__(
             self, config: layout.WrConfig, path: str | None = None, off: tuple[str, ...] = ()
         ) -> None:
             super().__init__(config, path, (*off, *disabled))
 
-    monkeypatch.setattr(hooks, "Probe", _Probe)
+    monkeypatch.setattr(hooks, "KernelHooks", _Hooks)
     out = str(tmp_path / "lab.trace")
     try:
         res = Recorder(

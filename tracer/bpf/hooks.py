@@ -122,7 +122,7 @@ class Attached:
     refused_at_load: dict[str, str] = field(default_factory=dict)
 
 
-class Probe:
+class KernelHooks:
     """The loaded object with its hooks attached; the only owner of links and maps."""
 
     def __init__(

@@ -1,8 +1,10 @@
 """Where the CUDA driver library is: the libcuda a process maps, the host's own copy, and the
 file offsets of the allocation entry points in it.
 
-Pure parsers (``parse_maps``, ``parse_ldconfig``, ``symbol_offsets`` on bytes-like input) plus
-thin readers of /proc and the file system, so everything here is tested without root or a GPU.
+Pure parsers (``parse_maps``, ``parse_ldconfig``) plus thin readers of /proc and the file
+system, so everything here is tested without root or a GPU. The entry points' file offsets are
+read from the ELF symbol tables by ``tracer.parse.elf`` (the uprobe loader,
+``tracer.bpf.gpuhooks``, looks them up when it attaches a library).
 
 Why our own ELF symbol lookup rather than libbpf's ``func_name`` resolution: it reads the
 symbol table once per library instead of once per probe, says which entry points a driver
@@ -13,17 +15,14 @@ programs on every call and count each failure twice.
 
 from __future__ import annotations
 
-import mmap
 import os
 import re
-import struct
 import subprocess
 from dataclasses import dataclass
 
 __all__ = [
     "ALLOC_FUNCTIONS",
     "FREE_FUNCTIONS",
-    "ElfError",
     "Mapping",
     "attach_path",
     "host_libraries",
@@ -31,12 +30,10 @@ __all__ = [
     "mappings_of",
     "parse_ldconfig",
     "parse_maps",
-    "read_symbol_offsets",
-    "symbol_offsets",
 ]
 
 # The allocation entry points whose failures are caught (the BPF program names are in
-# tracer.bpf.gpuprobe), and the frees that keep the per-process held bytes right.
+# tracer.bpf.gpuhooks), and the frees that keep the per-process held bytes right.
 ALLOC_FUNCTIONS = (
     "cuMemAlloc_v2",
     "cuMemAllocManaged",
@@ -168,95 +165,3 @@ def host_libraries() -> list[str]:
             seen.add((st.st_dev, st.st_ino))
             out.append(real)
     return out
-
-
-# ---------------------------------------------------------------------------------------------
-# ELF: file offsets of exported functions
-
-
-class ElfError(ValueError):
-    """Not an ELF shared object this module can read."""
-
-
-_SHT_SYMTAB, _SHT_DYNSYM = 2, 11
-_PT_LOAD = 1
-_STT_FUNC = 2
-_SHN_UNDEF = 0
-_EXPORTED = (1, 2)  # STB_GLOBAL, STB_WEAK: a static function of the same name is not the API
-
-
-def symbol_offsets(buf: bytes | mmap.mmap, names: tuple[str, ...]) -> dict[str, int]:
-    """File offsets (what a uprobe is attached at) of the defined global functions among
-    ``names`` in a 64-bit ELF image. Missing names are absent from the result. GNU indirect
-    functions (STT_GNU_IFUNC) are left out on purpose: their symbol is the resolver, not the
-    code."""
-    if len(buf) < 64 or buf[:4] != b"\x7fELF":
-        raise ElfError("not an ELF file")
-    if buf[4] != 2:
-        raise ElfError("not a 64-bit ELF file")
-    if buf[5] not in (1, 2):
-        raise ElfError("unknown ELF byte order")
-    end = "<" if buf[5] == 1 else ">"
-    try:
-        return _offsets(buf, end, names)
-    except struct.error as exc:
-        raise ElfError(f"truncated ELF file ({exc})") from exc
-
-
-def _offsets(buf: bytes | mmap.mmap, end: str, names: tuple[str, ...]) -> dict[str, int]:
-    (_, _, _, _, phoff, shoff, _, _, phentsize, phnum, shentsize, shnum, _) = struct.unpack_from(
-        end + "HHIQQQIHHHHHH", buf, 16
-    )
-    loads: list[tuple[int, int, int]] = []  # (vaddr, filesz, offset)
-    for i in range(phnum):
-        p_type, _, p_offset, p_vaddr, _, p_filesz, _, _ = struct.unpack_from(
-            end + "IIQQQQQQ", buf, phoff + i * phentsize
-        )
-        if p_type == _PT_LOAD:
-            loads.append((p_vaddr, p_filesz, p_offset))
-    sections = [
-        struct.unpack_from(end + "IIQQQQIIQQ", buf, shoff + i * shentsize) for i in range(shnum)
-    ]
-    if not sections:
-        raise ElfError("no section headers")
-    wanted = {n.encode(): n for n in names}
-    found: dict[str, int] = {}
-    # .symtab first (unstripped libraries), then .dynsym (what a driver library exports)
-    for kind in (_SHT_SYMTAB, _SHT_DYNSYM):
-        for sh in sections:
-            if sh[1] != kind or sh[9] == 0 or sh[6] >= len(sections):
-                continue
-            _, _, _, _, sym_off, sym_size, link, _, _, entsize = sh
-            str_off, str_size = sections[link][4], sections[link][5]
-            strtab = buf[str_off : str_off + str_size]
-            for j in range(sym_size // entsize):
-                st_name, st_info, _, st_shndx, st_value, _ = struct.unpack_from(
-                    end + "IBBHQQ", buf, sym_off + j * entsize
-                )
-                if (
-                    st_info & 0xF != _STT_FUNC
-                    or st_info >> 4 not in _EXPORTED
-                    or st_shndx == _SHN_UNDEF
-                    or st_value == 0
-                ):
-                    continue
-                stop = strtab.find(b"\0", st_name)
-                raw = strtab[st_name : stop if stop >= 0 else len(strtab)].split(b"@", 1)[0]
-                name = wanted.get(raw)
-                if name is None or name in found:
-                    continue
-                for vaddr, filesz, offset in loads:
-                    if vaddr <= st_value < vaddr + filesz:
-                        found[name] = st_value - vaddr + offset
-                        break
-    return found
-
-
-def read_symbol_offsets(path: str, names: tuple[str, ...]) -> dict[str, int]:
-    """``symbol_offsets`` of a file, mapped rather than read: libcuda is tens of MiB and only
-    its headers and symbol tables are looked at."""
-    with open(path, "rb") as f:
-        if os.fstat(f.fileno()).st_size < 64:
-            raise ElfError("not an ELF file")
-        with mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as mm:
-            return symbol_offsets(mm, names)

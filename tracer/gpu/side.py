@@ -1,6 +1,6 @@
 """The recorder's GPU side: one object that owns everything GPU during a recording.
 
-``GpuSide`` loads bpf/gpu.bpf.o (``tracer.bpf.gpuprobe``), probes the host's libcuda.so.1 at
+``GpuSide`` loads bpf/gpu.bpf.o (``tracer.bpf.gpuhooks``), probes the host's libcuda.so.1 at
 once, starts the NVML sampler (``tracer.gpu.nvml``), and then, from the recorder's loop:
 
 * learns the watched processes (``watch`` for the seeds, ``track`` for the Fork/Exec/Exit events
@@ -27,7 +27,7 @@ from typing import Any
 
 from tracer.bpf import layout
 from tracer.bpf.decode import Decoder
-from tracer.bpf.gpuprobe import GpuProbe, LibraryProbes
+from tracer.bpf.gpuhooks import AttachedLibrary, GpuHooks
 from tracer.bpf.libbpf import RingBuffer
 from tracer.clock import boottime_ns
 from tracer.errors import WhyrestartError
@@ -67,7 +67,7 @@ class GpuSide:
         nvml_interval_s: float = DEFAULT_INTERVAL_S,
         nvml_library: str | None = None,
         object_path: str | None = None,
-        probe_host: bool = True,
+        attach_host: bool = True,
         proc: str = "/proc",
         clock: Clock = boottime_ns,
     ) -> None:
@@ -76,32 +76,32 @@ class GpuSide:
         self.clock = clock
         self.warnings: list[str] = []
         self.decoder = Decoder()
-        self.probe: GpuProbe | None = None
-        self.probe_error: str | None = None
+        self.hooks: GpuHooks | None = None
+        self.hooks_error: str | None = None
         self._rb: RingBuffer | None = None
         try:
-            self.probe = GpuProbe(
+            self.hooks = GpuHooks(
                 layout.WrGpuConfig(
                     filter_all=int(filter_all), memcg_v1=int(memcg_v1), self_tgid=os.getpid()
                 ),
                 object_path,
             )
-            self._rb = RingBuffer(self.probe.events)
+            self._rb = RingBuffer(self.hooks.events)
         except WhyrestartError as exc:
-            self.probe_error = exc.message
-            if self.probe is not None:
-                self.probe.close()
-                self.probe = None
+            self.hooks_error = exc.message
+            if self.hooks is not None:
+                self.hooks.close()
+                self.hooks = None
             self.warnings.append(
                 f"GPU allocation failures cannot be caught: {exc.message}"
                 + (f" ({exc.fix})" if exc.fix else "")
             )
         # (st_dev, inode) of each driver library file -> what probing it gave
-        self._libraries: dict[tuple[int, int], LibraryProbes] = {}
+        self._libraries: dict[tuple[int, int], AttachedLibrary] = {}
         self._host: dict[str, str] = {}
-        if self.probe is not None and probe_host:
+        if self.hooks is not None and attach_host:
             for path in libcuda.host_libraries():
-                self._host[path] = self._probe_file(path, path)
+                self._host[path] = self._attach_file(path, path)
         library = nvml_library or os.environ.get("WHYRESTART_NVML_LIBRARY") or None
         self.nvml: GpuSampler = open_nvml(nvml_interval_s, library, clock)
         self.nvml.set_pids(None if filter_all else frozenset())
@@ -130,11 +130,11 @@ class GpuSide:
     @property
     def rung(self) -> str | None:
         """The trace header's ``gpu_alloc`` hook: "uprobe" when failures can be caught."""
-        return "uprobe" if self.probe is not None else None
+        return "uprobe" if self.hooks is not None else None
 
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "uprobes": "ready" if self.probe is not None else f"unavailable: {self.probe_error}",
+            "uprobes": "ready" if self.hooks is not None else f"unavailable: {self.hooks_error}",
             "host_libcuda": dict(self._host) or "none found",
         }
         out.update(self.nvml.describe())
@@ -169,9 +169,9 @@ class GpuSide:
         self._watched.add(pid)
         self._pids_dirty = True
         self._enqueue(pid)
-        if self.probe is not None and not self.filter_all:
+        if self.hooks is not None and not self.filter_all:
             try:
-                self.probe.watch_pid(pid)
+                self.hooks.watch_pid(pid)
             except WhyrestartError as exc:
                 if not self._map_full_warned:
                     self._map_full_warned = True
@@ -183,10 +183,10 @@ class GpuSide:
         if pid in self._watched:
             self._watched.discard(pid)
             self._pids_dirty = True
-        if self.probe is not None and (pid in self._gpu_pids or not self.filter_all):
+        if self.hooks is not None and (pid in self._gpu_pids or not self.filter_all):
             self._gpu_pids.discard(pid)
             with contextlib.suppress(WhyrestartError):
-                self.probe.forget_pid(pid)
+                self.hooks.forget_pid(pid)
 
     def _enqueue(self, pid: int) -> None:
         if pid not in self._queued:
@@ -198,9 +198,9 @@ class GpuSide:
     def poll(self, now_ns: int, final: bool = False) -> list[Event]:
         """Everything new since the last call. ``final``: the last drain, no more scanning."""
         out: list[Event] = []
-        if self._rb is not None and self.probe is not None:
+        if self._rb is not None and self.hooks is not None:
             out += self.decoder.decode_batch(self._rb.drain(0))
-            lost = self.probe.lost_count()
+            lost = self.hooks.lost_count()
             if lost > self._lost_seen:
                 out.append(Lost(ts=now_ns, count=lost - self._lost_seen))
                 self._lost_seen = lost
@@ -248,7 +248,7 @@ class GpuSide:
             self._covered[pid] = now_ns
             self._gpu_pids.add(pid)
             for m in maps:
-                res = self._probe_mapping(pid, m)
+                res = self._attach_mapping(pid, m)
                 aliases = [f"{a}={b}" for a, b in res.aliases.items()]
                 out.append(
                     GpuLibrary(
@@ -262,22 +262,22 @@ class GpuSide:
                 )
         return out
 
-    def _probe_mapping(self, pid: int, m: libcuda.Mapping) -> LibraryProbes:
+    def _attach_mapping(self, pid: int, m: libcuda.Mapping) -> AttachedLibrary:
         known = self._libraries.get(m.key)
         if known is not None:
             return known
-        if self.probe is None:
-            res = LibraryProbes(m.path, errors=[f"uprobes unavailable: {self.probe_error}"])
+        if self.hooks is None:
+            res = AttachedLibrary(m.path, errors=[f"uprobes unavailable: {self.hooks_error}"])
         else:
             path = libcuda.attach_path(pid, m, self.proc)
             if path is None:
                 # gone before we looked: the next process mapping this file tries again
-                return LibraryProbes(m.path, errors=["the process exited before probing"])
-            res = self.probe.attach_library(path, m.path)
+                return AttachedLibrary(m.path, errors=["the process exited before probing"])
+            res = self.hooks.attach_library(path, m.path)
         self._libraries[m.key] = res
         return res
 
-    def _probe_file(self, path: str, shown_as: str) -> str:
+    def _attach_file(self, path: str, shown_as: str) -> str:
         """Probe a library file by path (the host's own), once; a one-line summary."""
         try:
             st = os.stat(path)
@@ -286,8 +286,8 @@ class GpuSide:
         key = (st.st_dev, st.st_ino)
         res = self._libraries.get(key)
         if res is None:
-            assert self.probe is not None
-            res = self._libraries[key] = self.probe.attach_library(path, shown_as)
+            assert self.hooks is not None
+            res = self._libraries[key] = self.hooks.attach_library(path, shown_as)
         if res.errors and not res.probed:
             return "not probed: " + "; ".join(res.errors)
         return f"{res.allocations_probed}/{len(libcuda.ALLOC_FUNCTIONS)} allocation entry points"
@@ -297,9 +297,9 @@ class GpuSide:
         if self._rb is not None:
             self._rb.free()
             self._rb = None
-        if self.probe is not None:
-            self.probe.close()
-            self.probe = None
+        if self.hooks is not None:
+            self.hooks.close()
+            self.hooks = None
         if self.decoder.unknown or self.decoder.malformed:
             self.warnings.append(
                 f"GPU ring buffer: {self.decoder.unknown} records of unknown type and "

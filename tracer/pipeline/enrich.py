@@ -55,7 +55,7 @@ class WatchSet:
 
     def __init__(
         self,
-        kernel: hooks.Probe,
+        kernel: hooks.KernelHooks,
         samplers: SamplerSet,
         resolver: CgroupResolver,
         *,
@@ -136,7 +136,7 @@ class Follow:
     """Followed containers' new cgroups join the kernel's watched set and the samplers; exec'd
     health checks become probe samples."""
 
-    def __init__(self, follower: Follower, kernel: hooks.Probe, watch: WatchSet) -> None:
+    def __init__(self, follower: Follower, kernel: hooks.KernelHooks, watch: WatchSet) -> None:
         self.follower = follower
         self.kernel = kernel
         self.watch = watch

@@ -77,7 +77,9 @@ class RingSource(_Quiet):
     ones), so a poll waits up to POLL_MS for one and then takes whatever is pending, up to a
     batch; a full batch means the ring holds more (``behind``)."""
 
-    def __init__(self, kernel: hooks.Probe, attached: hooks.Attached, enriching: tuple[str, ...]):
+    def __init__(
+        self, kernel: hooks.KernelHooks, attached: hooks.Attached, enriching: tuple[str, ...]
+    ) -> None:
         self.kernel = kernel
         self.attached = attached
         self.enriching = enriching
@@ -127,7 +129,7 @@ class RingSource(_Quiet):
 class KernelCounters(_Quiet):
     """Reclaim summaries (every RECLAIM_DRAIN_NS, and at the end) and lost records."""
 
-    def __init__(self, kernel: hooks.Probe, clock: Callable[[], int] = boottime_ns) -> None:
+    def __init__(self, kernel: hooks.KernelHooks, clock: Callable[[], int] = boottime_ns) -> None:
         self.kernel = kernel
         self.lost = 0  # what the kernel could not hand over so far (the footer's count)
         self._page_size = os.sysconf("SC_PAGE_SIZE")

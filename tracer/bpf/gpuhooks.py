@@ -1,6 +1,6 @@
 """The loader of bpf/gpu.bpf.o: uprobes on CUDA driver libraries, and the object's maps.
 
-A second object beside the main one (``tracer.bpf.hooks.Probe``), through the same libbpf
+A second object beside the main one (``tracer.bpf.hooks.KernelHooks``), through the same libbpf
 wrapper: nothing here can keep the main hooks from loading. Libraries are attached one file at
 a time, for every process (pid -1): the kernel keys uprobes by inode, so a library is attached
 once however many processes map it, and the programs filter on ``gpu_watched``.
@@ -13,13 +13,14 @@ can be freed unseen.
 from __future__ import annotations
 
 import ctypes
+import mmap
 import os
 from dataclasses import dataclass, field
 
 from tracer.bpf import layout
 from tracer.bpf.libbpf import BpfObject, Link, Map
 from tracer.errors import BpfError
-from tracer.gpu import libcuda
+from tracer.parse.elf import ElfError, symbol_offsets
 
 DEFAULT_OBJECT = os.path.join(
     os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
@@ -27,7 +28,8 @@ DEFAULT_OBJECT = os.path.join(
     "gpu.bpf.o",
 )
 
-# entry point -> (entry program, return program or None for frees)
+# entry point -> (entry program, return program or None for frees); frees first (they are
+# attached first). tracer.gpu.libcuda lists the same entry points (a test holds them equal).
 PROGRAMS: dict[str, tuple[str, str | None]] = {
     "cuMemFree_v2": ("mem_free", None),
     "cuMemFreeAsync": ("mem_free_async", None),
@@ -42,7 +44,6 @@ PROGRAMS: dict[str, tuple[str, str | None]] = {
     "cuMemAllocFromPoolAsync_ptsz": ("mem_alloc_pool_ptsz", "mem_alloc_pool_ptsz_ret"),
     "cuMemCreate": ("mem_create", "mem_create_ret"),
 }
-assert tuple(PROGRAMS) == libcuda.FREE_FUNCTIONS + libcuda.ALLOC_FUNCTIONS
 
 
 def object_path() -> str:
@@ -50,7 +51,7 @@ def object_path() -> str:
 
 
 @dataclass
-class LibraryProbes:
+class AttachedLibrary:
     """What attaching one library gave: entry points probed, missing from it, or sharing the
     code of another (probed once, under the first name), and any error."""
 
@@ -62,10 +63,10 @@ class LibraryProbes:
 
     @property
     def allocations_probed(self) -> int:
-        return sum(1 for f in self.probed if f in libcuda.ALLOC_FUNCTIONS)
+        return sum(1 for f in self.probed if PROGRAMS[f][1] is not None)
 
 
-class GpuProbe:
+class GpuHooks:
     """gpu.bpf.o loaded, with the libraries attached so far; the only owner of its links."""
 
     def __init__(self, config: layout.WrGpuConfig, path: str | None = None) -> None:
@@ -89,13 +90,13 @@ class GpuProbe:
         self.stats_map: Map = self.obj.map("gpu_stats")
         self.live: Map = self.obj.map("gpu_live")
 
-    def attach_library(self, path: str, shown_as: str | None = None) -> LibraryProbes:
+    def attach_library(self, path: str, shown_as: str | None = None) -> AttachedLibrary:
         """Probe every entry point ``path`` exports. ``shown_as`` names the file in messages
         (path is often a /proc/PID/map_files link)."""
-        res = LibraryProbes(shown_as or path)
+        res = AttachedLibrary(shown_as or path)
         try:
-            offsets = libcuda.read_symbol_offsets(path, tuple(PROGRAMS))
-        except (OSError, libcuda.ElfError) as exc:
+            offsets = read_symbol_offsets(path, tuple(PROGRAMS))
+        except (OSError, ElfError) as exc:
             res.errors.append(f"reading {res.path}: {exc}")
             return res
         by_offset: dict[int, str] = {}
@@ -150,3 +151,13 @@ class GpuProbe:
             link.destroy()
         self._links.clear()
         self.obj.close()
+
+
+def read_symbol_offsets(path: str, names: tuple[str, ...]) -> dict[str, int]:
+    """``symbol_offsets`` of a file, mapped rather than read: libcuda is tens of MiB and only
+    its headers and symbol tables are looked at."""
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size < 64:
+            raise ElfError("not an ELF file")
+        with mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as mm:
+            return symbol_offsets(mm, names)
