@@ -208,6 +208,9 @@ def test_oom_killed_container_restarted_by_its_policy() -> None:
     assert last.unit == "podman llm"
     assert any("podman says podman llm exited with code 137" in w for _, w in last.evidence)
     assert asm.runtime_exit is not None and asm.runtime_exit.pid == 2193
+    assert (900_500_000_000, "pid 2193 (dd) killed by SIGKILL (known from podman)") in last.evidence
+    first = verdicts[0].evidence
+    assert any(w == "pid 2048 (dd) killed by SIGKILL (known from the kernel log)" for _, w in first)
     text = report.text(f, asm, verdicts)
     assert "podman llm: podman counts 2 restarts" in text
     assert "hit its limit 64.0 MiB" in text
@@ -233,6 +236,10 @@ def test_exit_42_is_app_exit() -> None:
     f = facts(read_kernel_log([], MONO), info=podman_info(exit_code=42, restarts=0))
     _, [v] = judged(f)
     assert (v.cause, v.exit_code, v.confidence) == ("app_exit", 42, "high")
+    # the exit was not seen: the evidence says where it is known from
+    assert [w for _, w in v.evidence] == [
+        "dd exited with code 42 (known from podman; it keeps no pid)"
+    ]
 
 
 def test_plain_cgroup_kernel_log_and_counter_agree() -> None:
@@ -330,6 +337,7 @@ def test_json_shape() -> None:
         "clock_offset_ns",
         "kernel_log",
         "kind",
+        "kubelet",
         "now_ns",
         "record_command",
         "runtime",
@@ -362,7 +370,7 @@ class FakeRuntime(Runtime):
     def find(self, name_or_id: str) -> ContainerInfo | None:
         info = self.known.get(name_or_id)
         if info is None:
-            self._fail(f"podman: no container {name_or_id!r}", quiet=True)
+            self._fail(f"{self.name}: no container {name_or_id!r}", quiet=True)
         return info
 
 
@@ -459,3 +467,89 @@ def test_a_hostile_container_name_cannot_reach_the_terminal_raw() -> None:
     out = report.text(f, asm, verdicts)
     assert "\x1b" not in out and "\x07" not in out and "\nfake verdict" not in out
     assert "llm\\x1b]0;pwned\\x07\\x0afake verdict" in out
+
+
+UID = "6f1c2a9e-0d4b-4c1e-9a3f-2b7d8e9f0a1b"
+
+
+def test_pod_kills_and_the_kubelets_logs(tmp_path: Path) -> None:
+    pods = tmp_path / "pods"
+    llm = pods / f"default_llm-0_{UID}" / "llm"
+    llm.mkdir(parents=True)
+    (llm / "2.log").write_text(
+        "2026-11-30T01:08:19.1Z stdout F loading weights\n"
+        "2026-11-30T01:08:20.4Z stderr F allocating KV cache: 30 GiB\n"
+    )
+    (llm / "3.log").write_text("2026-11-30T01:08:25.0Z stdout F loading weights\n")
+    cid = "c" * 64
+    kmsg = records(
+        # cgroupfs driver, then the systemd driver's spelling (uid with "_"), then another pod
+        oom_records(1, 500.0, 77, f"/kubepods/burstable/pod{UID}/{cid}"),
+        oom_records(
+            9,
+            600.0,
+            78,
+            f"/kubepods.slice/kubepods-burstable.slice/kubepods-burstable"
+            f"-pod{UID.replace('-', '_')}.slice/cri-containerd-{cid}.scope",
+        ),
+        oom_records(17, 700.0, 79, f"/kubepods/burstable/pod{'0' * 8}-{UID[9:]}/{cid}"),
+    )
+    w = world(tmp_path, kmsg, {})
+    w.pods_log_root = str(pods)
+    f = gather("pod", "default/llm-0", None, w)
+    asm, verdicts = judged(f)
+    assert [(v.pid, v.cause, v.unit) for v in verdicts] == [
+        (77, "cgroup_oom", f"pod {UID[:8]} container {cid[:12]}"),
+        (78, "cgroup_oom", f"pod {UID[:8]} container {cid[:12]}"),
+    ]
+    [k] = f.kubelet
+    assert (k.container, k.restarts, k.last_line) == ("llm", 3, "allocating KV cache: 30 GiB")
+    assert k.previous_log.endswith("/llm/2.log")
+    assert "kubelet: container llm restarted 3 times" in report.text(f, asm, verdicts)
+    assert report.to_json(f, asm, verdicts)["kubelet"][0]["restarts"] == 3
+    with pytest.raises(UsageError, match="--pod default/nope: no such pod on this node"):
+        gather("pod", "default/nope", None, w)
+
+
+class FakeSystemd(FakeRuntime):
+    name = "systemd"
+
+
+def test_unit_oom_kill_from_systemd_and_the_kernel_log(tmp_path: Path) -> None:
+    # systemctl show: ExecMainCode=2 (killed) ExecMainStatus=9, pid kept, monotonic times;
+    # the kernel log's report names the unit's cgroup: two sources
+    unit = ContainerInfo(
+        runtime="systemd",
+        id="model.service",
+        name="model.service",
+        cgroup_path="/test/hog",
+        pid=0,
+        restart_count=4,
+        restart_policy="on-failure",
+        healthcheck=None,
+        image="",
+        state="activating",
+        oom_killed=True,  # Result=oom-kill
+        exit_code=137,
+        exit_pid=77,
+        started_ns=400 * S + MONO,
+        finished_ns=int(500.2 * S) + MONO,
+        times_clock="monotonic",
+    )
+    kmsg = records(oom_records(1, 500.0, 77, "/test/hog", limit_kb=32768))
+    w = world(tmp_path, kmsg, {})
+    w.systemd = FakeSystemd({"model": unit})
+    w.systemd.available = lambda: True  # type: ignore[method-assign]
+    f = gather("unit", "model", None, w)
+    _, [v] = judged(f)
+    assert (v.pid, v.cause, v.confidence, v.unit) == (
+        77,
+        "cgroup_oom",
+        "high",
+        "systemd model.service",
+    )
+    whats = [w for _, w in v.evidence]
+    assert any("systemd says systemd model.service exited with code 137" in x for x in whats)
+    assert any("oom_kill counter of /test/hog reads 1" in x for x in whats)
+    with pytest.raises(UsageError, match="--unit nope: systemd: no container 'nope'"):
+        gather("unit", "nope", None, w)

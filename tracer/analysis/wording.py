@@ -14,13 +14,24 @@ from tracer.events import Exit, KmsgOom, OomKill, ProbeSample, signal_name
 # -- exits -----------------------------------------------------------------------------------
 
 
+# Exit.rung of exits no recording saw, known after the fact (post-mortem) from a report:
+# the kernel log's OOM report, or a runtime's record of its container's or unit's last exit
+REPORTED_EXITS = frozenset(("kmsg", "podman", "docker", "systemd"))
+
+
 def describe_status(ex: Exit) -> str:
     ws = ex.wait
+    who = f"pid {ex.pid} ({ex.comm})" if ex.pid else f"{ex.comm or 'its main process'}"
     if ws.signal is not None:
-        return f"pid {ex.pid} ({ex.comm}) killed by {signal_name(ws.signal)}" + (
+        what = f"{who} killed by {signal_name(ws.signal)}" + (
             " (core dumped)" if ws.core_dumped else ""
         )
-    return f"pid {ex.pid} ({ex.comm}) exited with code {ws.code}"
+    else:
+        what = f"{who} exited with code {ws.code}"
+    if ex.rung in REPORTED_EXITS:
+        source = "the kernel log" if ex.rung == "kmsg" else ex.rung
+        what += f" (known from {source}" + ("; it keeps no pid)" if not ex.pid else ")")
+    return what
 
 
 @functools.lru_cache(maxsize=1024)

@@ -101,6 +101,11 @@ or still running when ``--duration`` ended the run), ``error`` (interrupted).
         "restart_count": int | null, "restart_policy": str,
         "oom_killed": bool | null           # its own claim (podman 4.3: false for OOM kills)
       } | null,
+      "kubelet": [                          # --pod: the kubelet's log directories
+        {"container": str, "restarts": int,  # N of the newest N.log
+         "previous_log": str | null, "previous_ns": int | null,  # last written
+         "last_line": str}, ...             # the previous container's last words
+      ],
       "cgroups": [                          # the target's cgroups and every ancestor, now
         {"path": str, "exists": bool, "limit_bytes": int | null, "usage_bytes": int | null,
          "peak_bytes": int | null, "failcnt": int | null,

@@ -145,6 +145,19 @@ class RuntimeState:
     read_ns: int  # CLOCK_BOOTTIME when it was asked
 
 
+@dataclass(frozen=True, slots=True)
+class ContainerLogs:
+    """What the kubelet keeps of one container of a pod in its log directory
+    (``/var/log/pods/<ns>_<pod>_<uid>/<container>/<restart>.log``): the current and the
+    previous container's output, numbered by restart."""
+
+    container: str
+    restarts: int  # the highest N of N.log: how many times the kubelet restarted it
+    previous_log: str  # the previous container's log file ("" when the kubelet kept none)
+    previous_ns: int | None  # when that file was last written (CLOCK_BOOTTIME), its end
+    last_line: str  # the previous container's last log line (its own words, untrusted)
+
+
 class HistorySource(Protocol):
     """A store of events kept while no one was looking: the always-on agent's journal (issue
     17) will be one. Whatever it returns joins the stream and is judged the same way."""
@@ -164,6 +177,7 @@ class Facts:
     cgroups: tuple[CgroupNow, ...] = ()  # the target's cgroups and every ancestor, now
     runtime: RuntimeState | None = None
     history: tuple[Event, ...] = ()  # from HistorySource(s), when there are any
+    kubelet: tuple[ContainerLogs, ...] = ()  # --pod: the kubelet's log directories
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ from tracer.events import CgroupSample
 from tracer.parse.kmsg import KmsgRecord
 from tracer.postmortem.correlate import (
     CgroupNow,
+    ContainerLogs,
     Facts,
     HistorySource,
     KernelLog,
@@ -132,6 +133,58 @@ def resolve(kind: str, spec: str, world: World, now: int) -> tuple[Target, Runti
     return Target("all", "", "this host"), None
 
 
+def kubelet_logs(pod_dir: str, realtime_offset: int) -> tuple[ContainerLogs, ...]:
+    """Per container of a pod: the restart count the kubelet's log file names give, and the
+    previous container's log (when it was last written, and its last line, CRI format
+    ``<time> <stream> <tag> <text>``)."""
+    out = []
+    try:
+        containers = sorted(os.listdir(pod_dir))
+    except OSError:
+        return ()
+    for name in containers:
+        try:
+            runs = sorted(
+                int(f[: -len(".log")])
+                for f in os.listdir(os.path.join(pod_dir, name))
+                if f.endswith(".log") and f[: -len(".log")].isdigit()
+            )
+        except OSError:
+            continue
+        if not runs:
+            continue
+        prev = [n for n in runs if n < runs[-1]]
+        path = os.path.join(pod_dir, name, f"{prev[-1]}.log") if prev else ""
+        mtime = last = None
+        if path:
+            try:
+                mtime = os.stat(path).st_mtime_ns
+                last = _last_line(path)
+            except OSError:
+                path = ""
+        out.append(
+            ContainerLogs(
+                container=name,
+                restarts=runs[-1],
+                previous_log=path,
+                previous_ns=None if mtime is None else mtime - realtime_offset,
+                last_line=last or "",
+            )
+        )
+    return tuple(out)
+
+
+def _last_line(path: str, tail: int = 4096) -> str:
+    """The last line of a CRI log file, without its time, stream and tag."""
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        f.seek(max(0, f.tell() - tail))
+        lines = f.read().decode("utf-8", errors="replace").splitlines()
+    line = lines[-1] if lines else ""
+    parts = line.split(" ", 3)
+    return parts[3] if len(parts) == 4 and parts[2] in ("F", "P") else line
+
+
 def kernel_log(world: World, monotonic_offset: int) -> KernelLog:
     try:
         records = world.kmsg()
@@ -221,6 +274,11 @@ def gather(kind: str, spec: str, since_s: float | None, world: World | None = No
             ", as in /proc/PID/cgroup",
         )
     history = tuple(e for h in world.history for e in h.events_for(target, since))
+    kubelet: tuple[ContainerLogs, ...] = ()
+    if kind == "pod":
+        namespace, name = spec.split("/")
+        uid = target.ids[0][len("pod") :]
+        kubelet = kubelet_logs(os.path.join(world.pods_log_root, f"{namespace}_{name}_{uid}"), real)
     return Facts(
         target=target,
         now_ns=now,
@@ -232,4 +290,5 @@ def gather(kind: str, spec: str, since_s: float | None, world: World | None = No
         cgroups=cgroups_now(world, dict.fromkeys(paths), now),
         runtime=runtime,
         history=history,
+        kubelet=kubelet,
     )

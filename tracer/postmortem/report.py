@@ -119,6 +119,14 @@ def sources(facts: Facts, asm: Assembled) -> list[str]:
         if i.health:
             what += f"; health log: {len(failing)} of the last {len(i.health)} checks failed"
         lines.append(what)
+    for k in facts.kubelet:
+        what = f"kubelet: container {k.container} restarted {k.restarts} times"
+        if k.previous_log:
+            when = f", last written {iso(k.previous_ns, facts)}" if k.previous_ns else ""
+            what += f"; the previous one's log {k.previous_log}{when}"
+            if k.last_line:
+                what += f", its last line: {k.last_line[:200]}"
+        lines.append(what)
     log = facts.kernel_log
     if log.readable:
         since = f" from {iso(log.first_ts, facts)}" if log.first_ts is not None else ""
@@ -217,6 +225,16 @@ def to_json(facts: Facts, asm: Assembled, verdicts: list[Verdict]) -> dict[str, 
             "restart_policy": rt.info.restart_policy,
             "oom_killed": rt.info.oom_killed,
         },
+        "kubelet": [
+            {
+                "container": k.container,
+                "restarts": k.restarts,
+                "previous_log": k.previous_log or None,
+                "previous_ns": k.previous_ns,
+                "last_line": k.last_line,
+            }
+            for k in facts.kubelet
+        ],
         "cgroups": [
             {
                 "path": c.path,
