@@ -108,12 +108,14 @@ def test_success_after_the_last_failure_lowers_confidence() -> None:
     assert "it had recovered before it ended" in v.disagreements[0]
 
 
-def test_a_failure_long_before_the_exit_is_medium_unless_nvml_shows_the_device_full() -> None:
+def test_a_failure_long_before_the_exit_is_medium_even_when_nvml_shows_the_device_full() -> None:
+    # (issue 24, case 5: the NVML reading lifted a verdict with a disagreement to high)
     v = one(gpu_fail(1.0, 100), exit_code(40.0, 100, 1))
     assert (v.cause, v.confidence) == ("gpu_oom", "medium")
     assert "39 s before the exit" in v.disagreements[0]
     v = one(gpu_sample(0.9, used=79 * GiB), gpu_fail(1.0, 100), exit_code(40.0, 100, 1))
-    assert (v.cause, v.confidence) == ("gpu_oom", "high")
+    assert (v.cause, v.confidence) == ("gpu_oom", "medium")
+    assert "39 s before the exit" in v.disagreements[0]
 
 
 def test_failures_of_an_earlier_process_with_the_same_pid_do_not_count() -> None:

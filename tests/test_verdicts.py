@@ -585,6 +585,7 @@ def test_probe_kill_after_failing_probes_with_stall_context() -> None:
         *container_stream(100, 0.0),
         probe(1.0, True),
         probe(2.0, False, 1000, timed_out=True),
+        probe(2.5, False, 1000, timed_out=True),
         probe(3.0, False, 1000, timed_out=True),
         reclaim(3.0, 50, total_s=1.5, count=80),
         sent(3.5, 400, 100, signal.SIGKILL, comm="conmon"),

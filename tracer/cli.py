@@ -482,7 +482,7 @@ def replay(trace: str, as_json: bool, verdicts_only: bool, as_tail: bool) -> Non
             last = ev.ts
         show(feed.feed(None, analyzer.finish()))
         show(feed.flush(last))
-        for w in reader.warnings:
+        for w in [*reader.warnings, *analyzer.warnings]:
             _warn(w)
         return
     if as_json:
@@ -508,7 +508,7 @@ def replay(trace: str, as_json: bool, verdicts_only: bool, as_tail: bool) -> Non
                     "verdicts": [{**v.to_json(), "t": clock.rel(v.ts)} for v in analyzer.verdicts],
                     "restarts": [r.to_json() for r in analyzer.restarts],
                     "verdicts_not_kept": analyzer.not_kept,
-                    "warnings": reader.warnings,
+                    "warnings": [*reader.warnings, *analyzer.warnings],
                     "footer": reader.footer.to_record() if reader.footer else None,
                 }
             )
@@ -521,7 +521,7 @@ def replay(trace: str, as_json: bool, verdicts_only: bool, as_tail: bool) -> Non
             click.echo(line)  # escaped line by line by timeline()
         click.echo()
         analyzer.finish()
-    for w in reader.warnings:
+    for w in [*reader.warnings, *analyzer.warnings]:
         _warn(w)
     _text(
         verdict_table(
@@ -572,7 +572,7 @@ def explain(trace: str, as_json: bool, pids: tuple[int, ...], units: tuple[str, 
             + " ".join([f"--pid {p}" for p in pids] + [f"--unit {u!r}" for u in units]),
             "run `whyrestart explain FILE` to list every pid and unit",
         )
-    for w in reader.warnings:
+    for w in [*reader.warnings, *analyzer.warnings]:
         _warn(w)
     if as_json:
         click.echo(

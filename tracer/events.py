@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import signal as _signal
 from dataclasses import dataclass
-from typing import Any, ClassVar, cast
+from typing import Annotated, Any, ClassVar, cast
 
 import msgspec
 
@@ -100,7 +100,9 @@ class Exit(Event, frozen=True, tag="exit"):
     ppid: int
     comm: str
     cgroup_id: int
-    status: int  # raw wait status (task->exit_code)
+    # raw wait status (task->exit_code): 16 bits, never negative (a trace claiming -9 is damaged,
+    # not a "SIG119 (core dumped)")
+    status: Annotated[int, msgspec.Meta(ge=0, le=0xFFFF)]
     start_ns: int  # task start time, CLOCK_BOOTTIME ns (tells a reused pid apart)
     rung: str = ""
 

@@ -215,6 +215,11 @@ def verdict_table(
                 out += f"  advice: {esc(v.advice)}\n"
     for unit, ours, theirs, source in restart_counts or []:
         if theirs is None:
+            if source and ours:
+                out += (
+                    f"\n{unit}: whyrestart linked {ours} restarts; {source}'s count for them is "
+                    "unknown (its first reading came after a restart)\n"
+                )
             continue
         agree = "agrees" if theirs == ours else "DISAGREES: a restart one of us did not see"
         out += (

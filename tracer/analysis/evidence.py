@@ -23,6 +23,7 @@ from tracer.events import (
     Event,
     HostSample,
     KmsgOom,
+    Lost,
     OomKill,
     OomKillCount,
     ProbeSample,
@@ -79,7 +80,10 @@ class Evidence:
         self.by_cgroup: OrderedDict[int, CgroupEvidence] = OrderedDict()
         self.host: deque[HostSample] = deque(maxlen=1200)
         self.units: dict[int, UnitInfo] = {}
-        self.ids_by_path: dict[str, int] = {}  # cgroup id -> what a runtime calls it
+        self.ids_by_path: dict[str, int] = {}  # path -> the newest cgroup id there
+        # path -> [(ts, id)]: the cgroups a path has named, in order (recreated at a restart)
+        self.path_history: dict[str, list[tuple[int, int]]] = {}
+        self.lost: deque[Lost] = deque(maxlen=256)
         self.probes: deque[ProbeSample] = deque(maxlen=4096)
         self.runtime: dict[str, list[RuntimeSample]] = {}  # unit label -> samples
         # what post-mortem reads after the fact: a supervisor's record of an exit, per cgroup
@@ -128,6 +132,7 @@ class Evidence:
             RuntimeSample: lambda e: self.runtime.setdefault(e.unit, []).append(e),
             RuntimeExit: self._runtime_exit,
             OomKillCount: lambda e: self.oom_counts.__setitem__(e.cgroup_id, e),
+            Lost: self.lost.append,
         }
         for kind in GpuStore.KINDS:
             table[kind] = self.gpu.add
@@ -151,6 +156,10 @@ class Evidence:
     def _cgroup_info(self, ev: CgroupInfo) -> None:
         self.cgroups[ev.cgroup_id] = ev
         self.ids_by_path[ev.path] = ev.cgroup_id
+        history = self.path_history.setdefault(ev.path, [])
+        if not history or history[-1][1] != ev.cgroup_id:
+            history.append((ev.ts, ev.cgroup_id))
+            del history[:-8]
 
     def _cgroup_sample(self, ev: CgroupSample) -> None:
         cg = self.cgroup(ev.cgroup_id)
@@ -168,15 +177,17 @@ class Evidence:
     def _effective_limit(self, ev: EffectiveLimit) -> None:
         self.cgroup(ev.cgroup_id).limit = ev
 
-    def forget_pid(self, pid: int, until: int) -> None:
+    def forget_pid(self, pid: int, until: int, claimed_until: int | None = None) -> None:
         """Drop a pid's evidence up to ``until`` (its exit): what came later belongs to the
-        next process that reuses the pid."""
+        next process that reuses the pid. ``claimed_until``: the exit's verdict was an OOM
+        kill; the OOM reports it used (up to a settle past the exit) go with it."""
         self.gpu.forget_pid(pid, until)
         ev = self.by_pid.get(pid)
         if ev is None:
             return
-        ev.ooms = [e for e in ev.ooms if e.ts > until]
-        ev.kmsg = [e for e in ev.kmsg if e.ts > until]
+        oom_until = until if claimed_until is None else claimed_until
+        ev.ooms = [e for e in ev.ooms if e.ts > oom_until]
+        ev.kmsg = [e for e in ev.kmsg if e.ts > oom_until]
         ev.signals = [e for e in ev.signals if e.ts > until]
         ev.stalls = [e for e in ev.stalls if e.ts > until]
         if not (ev.ooms or ev.kmsg or ev.signals or ev.stalls):
@@ -184,7 +195,9 @@ class Evidence:
 
     def prune(self, now: int) -> None:
         """Drop per-pid evidence and cgroup samples older than the history window (exits not
-        yet judged are all later than ``now``: nothing they look at is dropped)."""
+        yet judged are all later than ``now``: nothing they look at is dropped). A pid's OOM
+        reports and its newest signal stay until its exit (bounded by the pid cap): a victim
+        can take minutes to die (stuck in D state), and its verdict needs them."""
         horizon = now - HISTORY_NS
         self.gpu.prune(horizon)
         for cg in self.by_cgroup.values():
@@ -193,9 +206,9 @@ class Evidence:
                 del cg.samples[:old]
                 del cg.sample_ts[:old]
         for ev in self.by_pid.values():
-            ev.ooms = _since(ev.ooms, horizon)
-            ev.kmsg = _since(ev.kmsg, horizon)
-            ev.signals = _since(ev.signals, horizon)
+            signals = ev.signals
+            if signals and signals[0].ts < horizon:
+                ev.signals = _since(signals, horizon) or signals[-1:]
             ev.stalls = _since(ev.stalls, horizon)
 
     # -- questions --------------------------------------------------------------------------
@@ -204,23 +217,32 @@ class Evidence:
         info = self.cgroups.get(cgroup_id)
         return info.path if info else None
 
-    def id_of_path(self, path: str) -> int | None:
-        """The newest cgroup id seen at this path."""
-        return self.ids_by_path.get(path)
+    def id_of_path(self, path: str, at: int | None = None) -> int | None:
+        """The cgroup id at this path: the newest seen, or the one that was there at ``at``
+        (a restart may recreate a cgroup at the same path with a new id)."""
+        if at is None:
+            return self.ids_by_path.get(path)
+        history = self.path_history.get(path)
+        if not history:
+            return None
+        best = history[0][1]
+        for ts, cid in history:
+            if ts <= at:
+                best = cid
+        return best
 
-    def ancestry(self, cgroup_id: int) -> list[int]:
-        """The cgroup and its known ancestors, innermost first."""
+    def ancestry(self, cgroup_id: int, at: int | None = None) -> list[int]:
+        """The cgroup and its known ancestors (those there at ``at``), innermost first."""
         path = self.path(cgroup_id)
         if path is None:
             return [cgroup_id]
-        out = []
-        while True:
-            cid = self.id_of_path(path)
+        out = [cgroup_id]
+        while path != "/":
+            path = path.rsplit("/", 1)[0] or "/"
+            cid = self.id_of_path(path, at)
             if cid is not None:
                 out.append(cid)
-            if path == "/":
-                return out
-            path = path.rsplit("/", 1)[0] or "/"
+        return out
 
     def cgroup_label(self, cgroup_id: int, path: str | None) -> str:
         """A cgroup as users know it: the container or service it is, else its path."""
@@ -260,9 +282,19 @@ class Evidence:
                     total += s.total_ns * overlap / s.interval_ns
         return int(total)
 
-    def probes_between(self, start: int, end: int, unit: str | None) -> list[ProbeSample]:
-        """Probes in [start, end] that check this unit (or whatever was recorded)."""
-        return [p for p in self.probes if start <= p.ts <= end and (not p.unit or p.unit == unit)]
+    def probes_between(
+        self, start: int, end: int, unit: str | None, unlabelled: bool = False
+    ) -> list[ProbeSample]:
+        """Probes in [start, end] that check this unit; with ``unlabelled``, also the probes
+        recorded without a unit (the analyzer says so when this is the only unit there is)."""
+        return [
+            p
+            for p in self.probes
+            if start <= p.ts <= end and (p.unit == unit if p.unit else unlabelled)
+        ]
+
+    def lost_between(self, start: int, end: int) -> list[Lost]:
+        return [x for x in self.lost if start <= x.ts <= end]
 
     def psi_peak(self, start: int, end: int) -> float | None:
         values = [

@@ -46,7 +46,6 @@ SECOND = 1_000_000_000
 RESET_WINDOW_NS = 10 * SECOND  # a lost device before the exit: its processes fail within this
 AFTER_EXIT_NS = 1 * SECOND  # the driver's report may be stamped a little after the exit
 RECENT_FAILURE_NS = 10 * SECOND  # a failure this close to the exit caused it (high confidence)
-DEVICE_FULL = 0.9  # NVML: a device this full corroborates an out-of-memory
 
 MAX_PIDS = 8192
 PER_PID = 256
@@ -162,16 +161,24 @@ def facts(store: GpuStore, ex: Exit, since: int) -> GpuFacts:
     recovered = tuple(e for e in p.recovered if since <= e.ts <= ex.ts)
     indices = {s.index for s in p.samples}
     lo, hi = ex.ts - RESET_WINDOW_NS, ex.ts + AFTER_EXIT_NS
+    # every GPU this recording knows of (NVML's devices, the process's own): a report that
+    # names no device can only be about this process's GPU when there is one GPU in sight
+    known = set(store.devices) | indices
 
-    def on_its_device(index: int | None) -> bool:
-        return index is None or not indices or index in indices
+    def on_its_device(e: GpuXid | GpuLost) -> bool:
+        if isinstance(e, GpuXid) and e.pid == ex.pid:
+            return True  # the driver named this process
+        index = e.device_index
+        if index is None:  # (the kernel log names a PCI bus, not an NVML index)
+            return len(known) <= 1
+        if indices:
+            return index in indices
+        return len(known) <= 1  # it used a GPU, which one is unknown
 
     down: list[GpuXid | GpuLost] = [
-        x
-        for x in store.xids
-        if lo <= x.ts <= hi and x.xid in DEVICE_LOST_XIDS and on_its_device(x.device_index)
+        x for x in store.xids if lo <= x.ts <= hi and x.xid in DEVICE_LOST_XIDS and on_its_device(x)
     ]
-    down += [g for g in store.lost if lo <= g.ts <= hi and on_its_device(g.device_index)]
+    down += [g for g in store.lost if lo <= g.ts <= hi and on_its_device(g)]
     faults = tuple(
         x for x in store.xids if x.pid == ex.pid and x.xid in APP_FAULT_XIDS and since <= x.ts <= hi
     )
@@ -264,9 +271,10 @@ def judge(
 
 
 def _device_reset(f: GpuFacts, ex: Exit, exit_ev: tuple[int, str], crash: str | None) -> Finding:
-    # independent observations: NVML's event and its failing queries, the driver's Xid line
-    # and its "fallen off the bus" line
-    sources = {(type(e).__name__, e.source) for e in f.device_down}
+    # independent observations: NVML's event, NVML's failing queries, the driver's kernel
+    # log; the driver's Xid line and its "fallen off the bus" line about one event are two
+    # lines of one source
+    sources = {(e.source, "" if e.source == "kmsg" else type(e).__name__) for e in f.device_down}
     evidence = [(e.ts, _describe_down(e)) for e in f.device_down]
     evidence += [(e.ts, _describe_failure(e)) for e in f.failures[-1:]]
     first = f.device_down[0]
@@ -326,12 +334,12 @@ def _gpu_oom(f: GpuFacts, ex: Exit, exit_ev: tuple[int, str], crash: str | None)
             )
     if f.own is not None and f.own.used_bytes is not None:
         evidence.append((f.own.ts, f"[nvml] this process used {fmt_bytes(f.own.used_bytes)}"))
-    corroborated = f.device is not None and f.device.used_bytes >= DEVICE_FULL * (
-        f.device.total_bytes or 1
-    )
-    confidence = "high" if recent and not after else "medium"
-    if confidence == "medium" and corroborated and not after:
-        confidence = "high"
+    # high: the process was told "out of memory" shortly before it ended by its own hand and
+    # nothing disagrees (the uprobe saw the failure returned to it; the exit is the kernel's
+    # own record of the ending): README, "How sure a verdict is". NVML's reading of the device
+    # is in the evidence, but lifts nothing over a disagreement (a failure long before the
+    # exit, a recovery after it).
+    confidence = "high" if not disagree else "medium"
     # the kernel's own count of failures since the last success: the store keeps the last few
     n = max(len(f.failures), last.failures)
     summary = (

@@ -22,6 +22,9 @@ from tracer.analysis.senders import IS_PLUMBING
 from tracer.analysis.units import CONTAINER_KINDS, UNSET, UnitName, unit_of_cgroup
 from tracer.events import Exec
 
+SECOND = 1_000_000_000
+HELPER_NS = 2 * SECOND  # a systemd unit's main process this short-lived and clean is a helper
+
 
 class Proc(msgspec.Struct, gc=False):
     """What the analysis knows of one process. A msgspec Struct (mutable, no GC tracking): one
@@ -48,8 +51,15 @@ class ProcessTable:
         self.evicted = 0
         self.first: dict[int, int] = {}  # container cgroup id -> its main process
         self.ended: dict[str, tuple[int, int]] = {}  # unit key -> (main pid, exit ts)
-        self.links: list[tuple[int, str, int, int, int]] = []  # ts, unit, old, new, downtime
-        self.cause: dict[int, str] = {}  # pid -> cause of its last verdict (restarts name it)
+        # unit key -> (main pid, exit ts) of its last main process to end (kept past a
+        # restart: the processes its end took down are judged after)
+        self.main_exits: dict[str, tuple[int, int]] = {}
+        # ts, unit, old pid, old exit ts, new pid, the unit's key
+        self.links: list[tuple[int, str, int, int, int, str]] = []
+        # (pid, exit ts) -> the cause of that exit's verdict: a restart names it (by pid
+        # alone, a later process reusing the pid would relabel it)
+        self.cause: dict[tuple[int, int], str] = {}
+        self.mains: set[str] = set()  # labels of the units a main process was seen in
         self.checks: set[int] = set()  # pids of exec health checks (ProbeSample.pid)
         self.cgroup_units: dict[int, UnitName | None] = {}  # cgroup id -> unit_of_cgroup
         # the cgroups among those that name their unit themselves (a container, a systemd
@@ -101,10 +111,20 @@ class ProcessTable:
                 unit = UnitName("command", str(pid), f"{proc.comm or '?'} (pid {pid})")
         return unit
 
-    def forget_unit_of(self, cgroup_id: int) -> None:
-        """A cgroup's path or runtime name was learnt or changed: name its unit again."""
+    def named_by(self, cgroup_id: int) -> None:
+        """A cgroup's path or runtime name was learnt or changed: name its unit again, now
+        (the processes already in it, named before, belong to it from here on)."""
         self.cgroup_units.pop(cgroup_id, None)
         self.named.pop(cgroup_id, None)
+        info = self.ev.units.get(cgroup_id)
+        unit = (
+            units.from_info(info.kind, info.unit_id, info.name, info.pod)
+            if info
+            else unit_of_cgroup(self.ev.path(cgroup_id))
+        )
+        self.cgroup_units[cgroup_id] = unit
+        if unit is not None and unit.kind != "cgroup":
+            self.named[cgroup_id] = unit
 
     def is_main(self, pid: int, proc: Proc, unit: UnitName | None) -> bool:
         if unit is None:
@@ -137,10 +157,33 @@ class ProcessTable:
     def new_main(self, ev: Exec, unit: UnitName) -> None:
         """A unit's new main process started: a restart, when the last one ended."""
         pid = ev.pid
+        self.mains.add(unit.label)
         ended = self.ended.pop(unit.key, None)
         if ended is not None and ended[0] != pid:
             old_pid, old_ts = ended
-            self.links.append((ev.ts, unit.label, old_pid, pid, ev.ts - old_ts))
+            self.links.append((ev.ts, unit.label, old_pid, old_ts, pid, unit.key))
+
+    def main_exit(self, pid: int, ts: int, start: int, status: int, unit: UnitName) -> None:
+        """A unit's main process ended (its next main process will be a restart).
+
+        systemd runs ExecStartPre/ExecStartPost/ExecStopPost helpers in the service's cgroup
+        as children of systemd, like the main process: one that ends cleanly within
+        ``HELPER_NS`` of its start was a helper, not a run of the service. A link to it is
+        taken back and the unit's last real main process stays the one a restart follows."""
+        self.mains.add(unit.label)
+        if unit.kind == "systemd" and status == 0 and ts - start < HELPER_NS:
+            links = self.links
+            if links and links[-1][4] == pid and links[-1][5] == unit.key:
+                _, _, old_pid, old_ts, _, _ = links.pop()
+                self.ended[unit.key] = (old_pid, old_ts)
+            return
+        self.ended[unit.key] = self.main_exits[unit.key] = (pid, ts)
+
+    def sole_unit(self) -> str | None:
+        """The one unit a main process was seen in, when there is exactly one."""
+        if len(self.mains) == 1:
+            return next(iter(self.mains))
+        return None
 
     def restarts(self) -> list[Restart]:
         """Main-process exits followed by a new main process in the same unit."""
@@ -150,10 +193,10 @@ class ProcessTable:
                 unit=unit,
                 old_pid=old,
                 new_pid=new,
-                downtime_ns=down,
-                cause=self.cause.get(old, "pending"),
+                downtime_ns=ts - old_ts,
+                cause=self.cause.get((old, old_ts), "pending"),
             )
-            for ts, unit, old, new, down in self.links
+            for ts, unit, old, old_ts, new, _ in self.links
         ]
 
     def restart_counts(self) -> list[tuple[str, int, int | None, str]]:
@@ -173,10 +216,11 @@ class ProcessTable:
             if samples:
                 first, lastx = samples[0], samples[-1]
                 assert first.restart_count is not None and lastx.restart_count is not None
-                # the supervisor's count before the recording: its first reading, less the
-                # restarts we saw before that reading
-                before = sum(1 for r in restarts if r.unit == unit and r.ts <= first.ts)
-                theirs = lastx.restart_count - (first.restart_count - before)
                 source = lastx.source
+                # the supervisor's count is known from its first reading on; restarts we
+                # linked before that reading it may or may not have counted: unknown then
+                before = sum(1 for r in restarts if r.unit == unit and r.ts <= first.ts)
+                if not before:
+                    theirs = lastx.restart_count - first.restart_count
             out.append((unit, ours.get(unit, 0), theirs, source))
         return out

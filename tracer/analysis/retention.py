@@ -1,7 +1,12 @@
 """Which verdicts are kept for the end-of-run table, bounded so that a week of ``--all`` on a
-busy host stays small: clean exits up to ``MAX_CLEAN_KEPT``, the rest up to ``MAX_KEPT``;
-beyond, they are only counted in ``not_kept`` (every verdict is still handed out as it is
-reached, to a live tail). Pure.
+busy host stays small, and so that what matters is never the one dropped. Pure.
+
+Routine verdicts (``app_exit``: a process that ended on its own, crashes included) give way
+first: clean exits are kept up to ``MAX_CLEAN_KEPT``; all verdicts up to ``MAX_KEPT``, where a
+kill (an OOM kill, a GPU OOM, a probe kill, a signal, a device reset, an unknown) that arrives
+when the list is full evicts the oldest routine verdict. Only when every kept verdict is a kill
+is a new one dropped, and counted (``kills_not_kept``). Everything dropped is counted in
+``not_kept``; every verdict is still handed out as it is reached, to a live tail.
 """
 
 from __future__ import annotations
@@ -16,20 +21,43 @@ class Retention:
     def __init__(self) -> None:
         self.verdicts: list[Verdict] = []
         self.clean_kept = 0
+        self.routine_kept = 0
         self.not_kept = 0  # verdicts judged (or counted unjudged) but not kept
+        self.kills_not_kept = 0  # of those, the ones that were not routine
+        self._scan = 0  # no routine verdict is kept before this index
 
     def keep(self, v: Verdict) -> None:
-        clean = v.cause == APP_EXIT and v.exit_code == 0
-        if (clean and self.clean_kept >= MAX_CLEAN_KEPT) or len(self.verdicts) >= MAX_KEPT:
+        routine = v.cause == APP_EXIT
+        clean = routine and v.exit_code == 0
+        if clean and self.clean_kept >= MAX_CLEAN_KEPT:
             self.not_kept += 1
             return
+        if len(self.verdicts) >= MAX_KEPT:
+            if routine or not self.routine_kept:
+                self.not_kept += 1
+                self.kills_not_kept += not routine
+                return
+            self._evict_routine()
         self.clean_kept += clean
+        self.routine_kept += routine
         self.verdicts.append(v)
 
-    def full_for_clean(self) -> bool:
-        """A clean exit would not be kept now."""
-        return self.clean_kept >= MAX_CLEAN_KEPT or len(self.verdicts) >= MAX_KEPT
+    def _evict_routine(self) -> None:
+        """Drop the oldest routine verdict (the list stays in the order verdicts came)."""
+        verdicts = self.verdicts
+        i = self._scan
+        while verdicts[i].cause != APP_EXIT:
+            i += 1
+        old = verdicts.pop(i)
+        self._scan = i
+        self.routine_kept -= 1
+        self.clean_kept -= old.exit_code == 0
+        self.not_kept += 1
 
-    def full(self) -> bool:
-        """No verdict would be kept now."""
-        return len(self.verdicts) >= MAX_KEPT
+    def drops_routine(self, clean: bool) -> bool:
+        """A routine verdict (a clean one with ``clean``) would not be kept now."""
+        return (clean and self.clean_kept >= MAX_CLEAN_KEPT) or len(self.verdicts) >= MAX_KEPT
+
+    def full_of_kills(self) -> bool:
+        """No verdict would be kept now: the list is full and none of it gives way."""
+        return len(self.verdicts) >= MAX_KEPT and not self.routine_kept

@@ -6,16 +6,28 @@ no retention, no English (tracer/analysis/wording.py has the words).
 supervisor's stop, anyone else), then the process's own exit.
 
 Rules (DESIGN.md, "Verdicts"): exit status 137 alone is never a memory verdict. An OOM verdict
-needs an OOM kill of this very process (from BPF or the kernel log) *and* a SIGKILL exit; the
-OOM killer's own SIGKILL (si_code SI_KERNEL) is part of that OOM, not a second "signal kill".
-Confidence is high only when at least two independent sources agree beyond the exit status
-itself, medium with one, low with none; disagreements are listed, never hidden.
+needs an OOM kill of this very process incarnation (from BPF or the kernel log, stamped after
+it started) *and* a SIGKILL exit that no process sent; the OOM killer's own SIGKILL (si_code
+SI_KERNEL) is part of that OOM, not a second "signal kill". Evidence belongs to an incarnation
+(pid + start time), never to a bare pid: a report stamped before the process started is about
+an earlier process with the pid, and one an earlier exit's verdict used is gone with it.
+
+How sure (README, "How sure a verdict is"): a cause the kernel records as an act is seen
+directly: the exit code a process returned, the signal hook's record of who sent the signal
+that ended it, a fault or abort it raised. One such record, with nothing against it, is high.
+A cause that is inferred (a memory limit, the GPU, a health probe, a device failure) is high
+only when two independent sources agree (BPF, the kernel log, the cgroup's counters, NVML,
+the uprobes, the prober, the signal hook); the GPU OOM rule counts the uprobe's "out of
+memory" returned to the process within seconds of its own exit as the two (the failure and
+the ending are each recorded as they happen). One source is medium; none is low. Any
+disagreement caps a verdict at medium, whichever rule made it (``decide`` enforces it).
 """
 
 from __future__ import annotations
 
 import signal as _signal
 from dataclasses import dataclass, field
+from typing import Any
 
 from tracer.analysis import gpu as gpu_rules
 from tracer.analysis import senders
@@ -24,6 +36,7 @@ from tracer.analysis.evidence import HISTORY_NS, Evidence
 from tracer.analysis.findings import (
     APP_EXIT,
     CGROUP_OOM,
+    DEVICE_RESET,
     GLOBAL_OOM,
     HIGH,
     LOW,
@@ -33,6 +46,7 @@ from tracer.analysis.findings import (
     UNKNOWN,
     Evidence_,
     Finding,
+    Verdict,
 )
 from tracer.events import (
     SI_KERNEL,
@@ -49,6 +63,8 @@ SECOND = 1_000_000_000
 SETTLE_NS = 1 * SECOND  # how long after an exit late evidence may still arrive
 ALLOC_FAIL_WINDOW_NS = 10 * SECOND  # "an allocation failure preceded" the exit
 PROBE_WINDOW_NS = 60 * SECOND
+PROBE_FAILURES = 3  # consecutive failed probes before a kill that make it a probe kill
+RUNTIME_HEALTHCHECK = "healthcheck"  # ProbeSample.target of a runtime's own exec health check
 HEADROOM = 0.15
 
 # Signals a process raises on itself (abort(), faults): without a signal event for the exit,
@@ -60,57 +76,90 @@ _SELF_INFLICTED = frozenset(
 
 @dataclass(frozen=True, slots=True)
 class ExitView:
-    """What the rules may know about one exit: the evidence of this process (from its start,
-    or the history window, to a settle past its exit), and the store to ask about its cgroups,
-    the host and the probes."""
+    """What the rules may know about one exit: the evidence of this process incarnation (from
+    its start, or the history window, to a settle past its exit), what the process table says
+    around it, and the store to ask about its cgroups, the host and the probes."""
 
     ex: Exit
-    since: int  # the earliest evidence that can be about this process
+    since: int  # the earliest time-windowed evidence (samples, GPU) that can be about it
     ooms: list[OomKill]
     kmsg: list[KmsgOom]
-    signals: list[Signal]  # fatal signals to it, up to its exit
+    signals: list[Signal]  # signals to it, from its start up to its exit
     stalls: list[ReclaimStall]
     ev: Evidence
     unit: str | None = None
     supervisor_pids: frozenset[int] = field(default_factory=frozenset)
+    probe_failures: int = PROBE_FAILURES  # the consecutive-failure threshold of a probe kill
+    unlabelled_probes: bool = False  # probes recorded without a unit check this one
+    main: bool = True  # its unit's main process
+    init_exit: tuple[int, int] | None = None  # (pid, ts): its unit's main process ended
+    child_death: Verdict | None = None  # the last death by a signal of another process there
 
     @property
     def exit_ev(self) -> Evidence_:
         return (self.ex.ts, say.describe_status(self.ex))
 
 
-def view_of(ex: Exit, ev: Evidence, unit: str | None, supervisor_pids: frozenset[int]) -> ExitView:
+def view_of(ex: Exit, ev: Evidence, unit: str | None, **context: Any) -> ExitView:
     """The evidence view of one exit, out of the store."""
     pe = ev.by_pid.get(ex.pid)
     since = max(ex.start_ns, ex.ts - HISTORY_NS)
     if pe is None:
-        return ExitView(ex, since, [], [], [], [], ev, unit, supervisor_pids)
+        return ExitView(ex, since, [], [], [], [], ev, unit, **context)
+    # an OOM kill or a fatal signal may come long before the exit (a victim stuck in D state):
+    # from the process's start, when the exit says when that was
+    lo = ex.start_ns or since
     end = ex.ts + SETTLE_NS
     return ExitView(
         ex,
         since,
-        [o for o in pe.ooms if since <= o.ts <= end],
-        [k for k in pe.kmsg if since - SECOND <= k.ts <= end],
-        [s for s in pe.signals if since <= s.ts <= ex.ts],
+        [o for o in pe.ooms if lo <= o.ts <= end],
+        [k for k in pe.kmsg if lo <= k.ts <= end],
+        [s for s in pe.signals if lo <= s.ts <= ex.ts],
         pe.stalls,
         ev,
         unit,
-        supervisor_pids,
+        **context,
     )
 
 
+def fatal_signal(signals: list[Signal], sig: int) -> Signal | None:
+    """The signal event that ended a process killed by ``sig``: the first delivered
+    (``senders.fatal_signal``)."""
+    return senders.fatal_signal([s for s in signals if s.sig == sig])
+
+
+def _kernel_kill(s: Signal) -> bool:
+    """A SIGKILL the kernel sent (the OOM killer, a PID namespace's end): never the process's
+    own doing, whichever task's context it ran in."""
+    return s.sig == _signal.SIGKILL and s.si_code == SI_KERNEL
+
+
 def decide(v: ExitView) -> Finding:
-    """The finding on one exit: the first rule family that applies."""
+    """The finding on one exit: the first rule family that applies. Whatever the rule, a
+    finding that lists a disagreement is at most medium."""
+    f = _decide(v)
+    if f.disagreements and f.confidence == HIGH:
+        f = _with(f, confidence=MEDIUM)
+    return f
+
+
+def _decide(v: ExitView) -> Finding:
     ws = v.ex.wait
     had_oom = bool(v.ooms or v.kmsg)
     if had_oom and ws.signal == _signal.SIGKILL:
-        return oom_kill(v)
+        killer = fatal_signal(v.signals, _signal.SIGKILL)
+        if killer is None or _kernel_kill(killer) or any(_kernel_kill(s) for s in v.signals):
+            return oom_kill(v)
+        # the SIGKILL that ended it was sent by a process, and the kernel sent none: the OOM
+        # report is not about this kill (an earlier process with the pid, a late report)
+        return signal_exit(v, had_oom)
     gpu = gpu_exit(v)
     if gpu is not None:
         return gpu
     if ws.signal is not None:
         return signal_exit(v, had_oom)
-    return app_exit(v, had_oom)
+    return init_exit(v) or app_exit(v, had_oom)
 
 
 # -- the process's own exit ------------------------------------------------------------------
@@ -132,6 +181,39 @@ def app_exit(v: ExitView, had_oom: bool) -> Finding:
         advice=advice,
         evidence=tuple(evidence),
         disagreements=disagree,
+        exit_code=code,
+    )
+
+
+def init_exit(v: ExitView) -> Finding | None:
+    """A container's init (tini, dumb-init, docker-init, a shell) exits 128 + N right after
+    its child died of signal N: it passed the child's death on, and the unit restarted for
+    the child's cause. Medium at most: the cause is the child's, inferred through the init."""
+    child, ex = v.child_death, v.ex
+    code = ex.wait.code
+    if not v.main or child is None or code is None or code <= 128 or child.signal is None:
+        return None
+    if child.signal != signal_name(code - 128) or not 0 <= ex.ts - child.ts <= SETTLE_NS:
+        return None
+    return Finding(
+        child.cause,
+        MEDIUM if child.confidence != LOW else LOW,
+        say.passed_on(code, child.pid, child.comm, child.summary),
+        child.advice,
+        tuple(sorted([*child.evidence, v.exit_ev])),
+        disagreements=child.disagreements,
+        sender_pid=child.sender_pid,
+        sender_comm=child.sender_comm,
+        sender_role=child.sender_role,
+        limit_cgroup=child.limit_cgroup,
+        limit_scope=child.limit_scope,
+        limit_bytes=child.limit_bytes,
+        usage_bytes=child.usage_bytes,
+        peak_bytes=child.peak_bytes,
+        peak_ts=child.peak_ts,
+        breakdown=child.breakdown,
+        stall_ns=child.stall_ns,
+        host_available=child.host_available,
         exit_code=code,
     )
 
@@ -186,7 +268,11 @@ def oom_kill(v: ExitView) -> Finding:
         if km.memcg and km.oom_memcg:
             if limit_path is None:
                 limit_path = km.oom_memcg
-                limit_id = store.id_of_path(km.oom_memcg) or 0
+                # the cgroup at that path when it killed (a restart may have made a new one)
+                if store.path(ex.cgroup_id) == km.oom_memcg:
+                    limit_id = ex.cgroup_id
+                else:
+                    limit_id = store.id_of_path(km.oom_memcg, at=km.ts) or 0
             elif limit_path != km.oom_memcg:
                 disagree.append(say.cgroups_disagree(km.oom_memcg, limit_path))
         evidence.append((km.ts, say.kmsg_oom(km)))
@@ -363,22 +449,29 @@ def gpu_exit(v: ExitView) -> Finding | None:
     ws = ex.wait
     crash = None
     own_doing = ws.signal is None
+    killer = None
     if ws.signal is not None:
         name = signal_name(ws.signal)
-        match = [s for s in v.signals if s.sig == ws.signal]
+        killer = fatal_signal(v.signals, ws.signal)
         # abort() and faults are raised by the process itself (sender == the process); the
-        # OOM killer's and other processes' signals are not its own doing
-        fatal = senders.fatal_signal(match)
-        own_doing = fatal.sender_pid == ex.pid if fatal else ws.signal in _SELF_INFLICTED
+        # kernel's SIGKILL (the OOM killer, even in the process's own context) and other
+        # processes' signals are not its own doing
+        if killer is not None:
+            own_doing = killer.sender_pid == ex.pid and not _kernel_kill(killer)
+        else:
+            own_doing = ws.signal in _SELF_INFLICTED
         crash = f"aborted ({name})" if ws.signal == _signal.SIGABRT else f"died of {name}"
     finding = gpu_rules.judge(f, ex, v.exit_ev, own_doing=own_doing, crash=crash)
     if finding is None:
         return None
-    raised = [s for s in v.signals if s.sig == ws.signal and s.sender_pid == ex.pid]
-    if raised:
-        what = say.raised_by_itself(signal_name(raised[-1].sig))
-        evidence = tuple(sorted([*finding.evidence, (raised[-1].ts, what)]))
+    if own_doing and killer is not None:
+        what = say.raised_by_itself(signal_name(killer.sig))
+        evidence = tuple(sorted([*finding.evidence, (killer.ts, what)]))
         return _with(finding, evidence=evidence)
+    if finding.cause == DEVICE_RESET and killer is not None and not own_doing:
+        # a process (or the kernel) killed it: that is direct, the device's fault inferred
+        other = say.killed_by_other(signal_name(killer.sig), killer.sender_pid, killer.sender_comm)
+        return _with(finding, disagreements=(*finding.disagreements, other))
     return finding
 
 
@@ -398,9 +491,13 @@ def signal_exit(v: ExitView, had_oom: bool) -> Finding:
     assert ws.signal is not None
     name = signal_name(ws.signal)
     core = " (core dumped)" if ws.core_dumped else ""
-    match = [s for s in v.signals if s.sig == ws.signal]
-    disagree: tuple[str, ...] = (say.oom_reported_yet_killed(name),) if had_oom else ()
-    if not match:
+    last = fatal_signal(v.signals, ws.signal)
+    disagree: tuple[str, ...] = ()
+    if had_oom:
+        disagree = (say.oom_reported_yet_killed(name),)
+        if last is not None and not _kernel_kill(last):
+            disagree = (say.oom_reported_yet_sent(name, last.sender_pid, last.sender_comm),)
+    if last is None:
         if ws.signal == _signal.SIGKILL and not had_oom:
             counted = counted_oom(v)
             if counted is not None:
@@ -414,8 +511,8 @@ def signal_exit(v: ExitView, had_oom: bool) -> Finding:
             (v.exit_ev,),
             disagreements=(*disagree, say.NO_SIGNAL_EVENT),
         )
-    last = senders.fatal_signal(match)
-    assert last is not None
+    if _kernel_kill(last):
+        return kernel_kill(v, last, disagree)
     who = senders.classify(
         last.sender_comm,
         last.sender_pid,
@@ -423,20 +520,10 @@ def signal_exit(v: ExitView, had_oom: bool) -> Finding:
         kernel=last.si_code == SI_KERNEL,
         supervisor_pids=v.supervisor_pids,
     )
-    if who.role == senders.ROLE_KERNEL and not ws.core_dumped and last.si_code == SI_KERNEL:
-        summary, advice = say.kernel_kill_text(name)
-        return Finding(
-            SIGNAL_KILL,
-            MEDIUM,
-            summary,
-            advice,
-            ((last.ts, say.sent_by_kernel(name)), v.exit_ev),
-            disagreements=disagree,
-            sender_role=who.role,
-        )
     if who.role in (senders.ROLE_SELF, senders.ROLE_KERNEL):
-        # A fault the process raised itself (si_code > 0: SIGSEGV, SIGBUS, SIGFPE...) or
-        # abort(): the application crashed.
+        # A fault the process raised itself (si_code > 0: SIGSEGV, SIGBUS, SIGFPE...; the
+        # kernel's SI_KERNEL for a general protection fault) or abort(): the application
+        # crashed.
         fault = last.si_code > 0 or who.role == senders.ROLE_KERNEL
         summary, advice = say.self_inflicted_text(name, core, fault)
         return Finding(
@@ -448,15 +535,17 @@ def signal_exit(v: ExitView, had_oom: bool) -> Finding:
             disagreements=disagree,
             sender_role=who.role,
         )
+    # the signals of the minute before the kill (a process's whole life may be long)
+    recent = [s for s in v.signals if last.ts - s.ts <= HISTORY_NS]
     evidence: list[Evidence_] = [
         (s.ts, say.signal_from(signal_name(s.sig), s.sender_pid, s.sender_comm))
-        for s in v.signals
+        for s in recent
         if s.sender_pid != ex.pid
     ]
     evidence.append(v.exit_ev)
     # A stop: SIGTERM first, then SIGKILL from the same sender after the grace period.
     # (runtimes send each signal from a new `runc kill` process: match the sender by name)
-    term = [s for s in v.signals if s.sig == _signal.SIGTERM and s.sender_comm == last.sender_comm]
+    term = [s for s in recent if s.sig == _signal.SIGTERM and s.sender_comm == last.sender_comm]
     if ws.signal == _signal.SIGKILL and term:
         how = say.stop_how((last.ts - term[0].ts) / 1e9)
     else:
@@ -488,6 +577,61 @@ def signal_exit(v: ExitView, had_oom: bool) -> Finding:
     )
 
 
+def kernel_kill(v: ExitView, last: Signal, disagree: tuple[str, ...]) -> Finding:
+    """A SIGKILL the kernel sent, with no OOM report for this process: the OOM killer whose
+    report is late or lost, or a PID namespace's end. Only evidence decides which: the memory
+    cgroup's OOM counter rising across the kill, or the sender being its unit's main process
+    that had just exited (the init of its namespace). Otherwise: unknown, never "not an OOM
+    kill" without evidence against it."""
+    ex, store = v.ex, v.ev
+    kill_ev = (last.ts, say.sent_by_kernel("SIGKILL", last.sender_pid, last.sender_comm))
+    for cid in store.ancestry(ex.cgroup_id, at=last.ts):
+        counter = oom_counter(store, cid, last.ts)
+        if counter is not None:
+            where = store.path(cid)
+            summary, advice = say.kernel_kill_counted_text(store.cgroup_label(cid, where))
+            return Finding(
+                CGROUP_OOM,
+                MEDIUM,
+                summary,
+                advice,
+                tuple(sorted([kill_ev, counter, v.exit_ev])),
+                disagreements=(*disagree, say.NO_OOM_REPORT),
+                limit_cgroup=where,
+                limit_scope="own" if cid == ex.cgroup_id else "ancestor",
+            )
+    init = v.init_exit
+    if (
+        init is not None
+        and init[0] == last.sender_pid
+        and init[0] != ex.pid
+        and abs(last.ts - init[1]) <= SETTLE_NS
+    ):
+        summary, advice = say.namespace_end_text(init[0])
+        return Finding(
+            SIGNAL_KILL,
+            MEDIUM,
+            summary,
+            advice,
+            (kill_ev, v.exit_ev),
+            disagreements=disagree,
+            sender_pid=last.sender_pid,
+            sender_comm=last.sender_comm,
+            sender_role=senders.ROLE_KERNEL,
+        )
+    lost = store.lost_between(last.ts - SECOND, ex.ts + SETTLE_NS)
+    summary, advice = say.unexplained_kernel_kill_text(sum(x.count for x in lost))
+    return Finding(
+        UNKNOWN,
+        LOW,
+        summary,
+        advice,
+        tuple(sorted([kill_ev, v.exit_ev, *((x.ts, say.lost_records(x.count)) for x in lost)])),
+        disagreements=disagree,
+        sender_role=senders.ROLE_KERNEL,
+    )
+
+
 def probe_kill(
     v: ExitView,
     last: Signal,
@@ -499,22 +643,30 @@ def probe_kill(
     """A supervisor's kill while the unit's health probes were failing."""
     ex, store = v.ex, v.ev
     start = last.ts - PROBE_WINDOW_NS
-    probes = store.probes_between(max(start, ex.start_ns), last.ts, v.unit)
-    if not probes:
+    probes = store.probes_between(max(start, ex.start_ns), last.ts, v.unit, v.unlabelled_probes)
+    # failing without a break up to the kill, like Kubernetes' failureThreshold: a probe that
+    # recovered resets the count
+    failing = 0
+    for p in reversed(probes):
+        if p.ok and not p.timed_out:
+            break
+        failing += 1
+    # a runtime's own health check (podman/docker HEALTHCHECK) is counted by the runtime,
+    # which kills after its own --health-retries: the failed check just before its kill is its
+    # decision; our probes need the recording's threshold
+    need = 1 if probes and probes[-1].target == RUNTIME_HEALTHCHECK else v.probe_failures
+    if failing < max(1, need):
         return None
-    recent = probes[-3:]
-    failing = [p for p in recent if not p.ok or p.timed_out]
-    if not failing:
-        return None
+    recent = probes[-max(3, min(failing, 8)) :]
     stall = store.stall_ns(store.ancestry(ex.cgroup_id), start, last.ts)
     psi = store.psi_peak(start, last.ts)
     ev = [*evidence, *((p.ts, say.probe_line(p)) for p in recent)]
     summary, advice = say.probe_kill_text(
-        who.description, how, say.probe_latencies(recent), stall, psi
+        who.description, how, say.probe_latencies(recent[-3:]), stall, psi
     )
     return Finding(
         PROBE_KILL,
-        HIGH if len(failing) >= 2 else MEDIUM,
+        HIGH,  # two sources: the prober's failures and the signal hook's record of the kill
         summary,
         advice,
         tuple(sorted(ev)),

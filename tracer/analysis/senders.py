@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from tracer.events import Signal
 
 # User-space OOM killers act on memory pressure (PSI or free memory) before the kernel does.
-OOM_DAEMONS = ("systemd-oomd", "earlyoom", "oomd", "nohang", "low-memory-mon", "lmkd")
+OOM_DAEMONS = ("systemd-oomd", "earlyoom", "oomd", "nohang", "low-memory-monitor", "lmkd")
 # Runtimes and supervisors stop (SIGTERM, then SIGKILL after a grace period) and restart.
 SUPERVISORS = (
     "systemd",
@@ -51,8 +51,9 @@ class Sender:
 
 
 def _matches(comm: str, names: tuple[str, ...]) -> bool:
-    # comm is truncated to 15 characters by the kernel: compare on that length
-    return any(comm == n[:15] or comm.startswith(n[:15]) for n in names)
+    # comm is truncated to 15 characters by the kernel: compare on that length, whole names
+    # only (a prefix would make initdb an init, runcached a runc, dockerize a docker)
+    return any(comm == n[:15] for n in names)
 
 
 def classify(

@@ -21,7 +21,10 @@ _PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
             rf"(?:cri-containerd-|crio-|docker-)?({_HEX})(?:\.scope)?(?:/|$)"
         ),
     ),
-    ("podman", re.compile(rf"libpod-(?:conmon-)?({_HEX})\.scope")),
+    # podman's conmon (and the cleanup it starts after the container ends) in a scope of its
+    # own: not the container, or its cleanup would look like the container's next main process
+    ("conmon", re.compile(rf"libpod-conmon-({_HEX})\.scope")),
+    ("podman", re.compile(rf"libpod-({_HEX})\.scope")),
     ("podman", re.compile(rf"/libpod_parent/libpod-({_HEX})")),
     ("docker", re.compile(rf"docker-({_HEX})\.scope")),
     ("docker", re.compile(rf"/docker/({_HEX})(?:/|$)")),
@@ -38,7 +41,7 @@ CONTAINER_KINDS = frozenset(("podman", "docker", "containerd", "crio", "k8s"))
 
 @dataclass(frozen=True, slots=True)
 class UnitName:
-    kind: str  # k8s, podman, docker, containerd, crio, systemd, cgroup, command
+    kind: str  # k8s, podman, docker, containerd, crio, systemd, conmon, cgroup, command
     key: str  # stable within one recording: container id, unit name, path
     label: str  # what to show
 
@@ -62,6 +65,8 @@ def unit_of_cgroup(path: str | None) -> UnitName | None:
             pod, cid = m.group(1).replace("_", "-"), m.group(2)
             return UnitName(kind, cid, f"pod {pod[:8]} container {cid[:12]}")
         ident = m.group(1)
+        if kind == "conmon":
+            return UnitName(kind, f"conmon:{ident}", f"conmon of podman {ident[:12]}")
         if kind == "systemd":
             return UnitName(kind, ident, ident)
         return UnitName(kind, ident, f"{kind} {ident[:12]}")

@@ -84,17 +84,32 @@ __all__ = [
 
 SECOND = 1_000_000_000
 ROUND_NS = SECOND // 20  # exits are judged, and old evidence dropped, in rounds this far apart
+JUMP_NS = 600 * SECOND  # a record this far ahead of the stream is not trusted on its own
 
 
 class Analyzer:
     """Feed events in time order with ``feed``; call ``finish`` at the end of the stream."""
 
-    def __init__(self, supervisor_pids: Iterable[int] = (), every_verdict: bool = True) -> None:
+    def __init__(
+        self,
+        supervisor_pids: Iterable[int] = (),
+        every_verdict: bool = True,
+        probe_failures: int = rules.PROBE_FAILURES,
+    ) -> None:
         """``every_verdict``: ``feed`` returns every verdict it reaches (a live tail needs them).
         Without it, only the kept ones are built: past the caps of retention a plain exit is
         counted in ``not_kept`` without building a verdict that nobody would read (a replay of
-        a busy host's --all trace is mostly that)."""
+        a busy host's --all trace is mostly that). ``probe_failures``: consecutive failed
+        health probes up to a supervisor's kill that make it a probe kill."""
         self.every_verdict = every_verdict
+        self.probe_failures = probe_failures
+        self.warnings: list[str] = []  # what was set aside (absurd timestamps)
+        # unit key -> the last verdict on a process there killed by a signal (its init may
+        # pass the death on as its own exit code)
+        self._deaths: dict[str, Verdict] = {}
+        self._held: Event | None = None  # a record far ahead of the stream, not yet trusted
+        self.set_aside = 0  # records set aside for an absurd timestamp
+        self._now = 0  # stream time of the last round
         self.ev = Evidence()
         self.table = ProcessTable(self.ev)
         self.kept = Retention()
@@ -120,9 +135,18 @@ class Analyzer:
         """The analyzer for a recording: the settings its header's targets carry (supervisor
         pids). The one place an analyzer is built for a trace, live or replayed, so that every
         output judges alike."""
-        pids = targets.get("supervisor_pids", []) if isinstance(targets, Mapping) else []
+        if not isinstance(targets, Mapping):
+            targets = {}
+        pids = targets.get("supervisor_pids", [])
+        threshold = targets.get("probe_failure_threshold")
         return cls(
-            supervisor_pids=[p for p in pids if isinstance(p, int)], every_verdict=every_verdict
+            supervisor_pids=[p for p in pids if isinstance(p, int)]
+            if isinstance(pids, list)
+            else [],
+            every_verdict=every_verdict,
+            probe_failures=threshold
+            if isinstance(threshold, int) and threshold > 0
+            else rules.PROBE_FAILURES,
         )
 
     # -- what it has concluded ---------------------------------------------------------------
@@ -185,12 +209,23 @@ class Analyzer:
         next_round = self._next_round
         table = self.table
         procs, new_proc = table.procs, table.new_proc
-        pending, first, ended = self._pending, table.first, table.ended
+        pending, first, main_exit = self._pending, table.first, table.main_exit
         named, find_unit, is_main = table.named, table.find_unit, table.is_main
         is_plumbing = IS_PLUMBING
         evicted = 0
         ev: Any  # (narrowed by ``cls is ...``, which mypy does not follow)
         for ev in events:
+            ts = ev.ts
+            # (the stream is in time order, give or take: a round is due once it reaches the
+            # next round's time, which is always past every timestamp seen before)
+            due = ts >= next_round
+            if due and (self._held is not None or (ts - self._now > JUMP_NS and self._now)):
+                held = self._hold(ev)
+                if held is None:
+                    next_round = 0  # (the next record says whether to trust it)
+                    continue
+                out += self.feed_many(held)  # (it was trusted: in order, before this one)
+                next_round = self._next_round
             cls = type(ev)
             if cls is Fork:
                 # a new process, even where its pid was used before; its parent was seen now
@@ -214,19 +249,25 @@ class Analyzer:
                 if proc is None:
                     proc = new_proc(Proc(pid, ev.comm, ev.ppid, ev.cgroup_id, ev.start_ns))
                 else:  # (not moved up the table: an ended process goes before the live ones)
-                    proc.comm, proc.ppid, proc.cgroup_id = ev.comm, ev.ppid, ev.cgroup_id
+                    proc.comm, proc.cgroup_id = ev.comm, ev.cgroup_id
+                    # (the parent it was forked by: a reparented process's exit names its
+                    # new parent, systemd or a subreaper, and must not look like a main)
+                    if not proc.ppid:
+                        proc.ppid = ev.ppid
                     if not proc.start_ts:
                         proc.start_ts = ev.start_ns
                 # (a container runtime's own setup processes ending normally are not judged)
                 if ev.status != 0 or not is_plumbing[ev.comm]:
-                    unit = proc.unit
+                    # (a cgroup that names its unit decides, even when the runtime named it
+                    # after this process started)
+                    unit = named.get(proc.cgroup_id) or proc.unit
                     if unit is UNSET:
-                        unit = proc.unit = named.get(proc.cgroup_id) or find_unit(proc)
+                        unit = proc.unit = find_unit(proc)
                     main = is_main(pid, proc, unit)
                     pending.append((ev.ts, pid, ev, unit, main))
                     # (a command tree is not restarted by anyone: no need to remember its end)
                     if main and unit is not None and unit.kind != "command":
-                        ended[unit.key] = (pid, ev.ts)
+                        main_exit(pid, ev.ts, proc.start_ts, ev.status, unit)
                         if first.get(proc.cgroup_id) == pid:
                             del first[proc.cgroup_id]  # the next program there is the new main
             elif cls is Exec:
@@ -250,19 +291,47 @@ class Analyzer:
                 on = on_get(cls)
                 if on is not None:
                     on(ev)
-            # (the stream is in time order, give or take: a round is due once it reaches the
-            # next round's time, which is always past every timestamp seen before)
-            if ev.ts >= next_round:
-                out += self._round(ev.ts)
+            if due:
+                out += self._round(ts)
                 next_round = self._next_round
         table.evicted += evicted
         return out
+
+    def _hold(self, ev: Event) -> list[Event] | None:
+        """A record more than JUMP_NS ahead of the stream: one bad timestamp (a sample stamped
+        2^62) must not judge and prune everything before it. It is held until the next record
+        shows whether the stream really moved on (a quiet hour, then life): then it is handed
+        back (with the held one first), else set aside with a warning. Returns the records to
+        feed now, or None to hold this one."""
+        held = self._held
+        self._held = None
+        if held is None:
+            self._held = ev
+            return None
+        if ev.ts >= held.ts - JUMP_NS:
+            self._now = held.ts  # the stream moved on: both records are real
+            return [held]
+        self._set_aside(held)
+        if ev.ts - self._now > JUMP_NS:  # (another one far ahead, of a different time)
+            self._held = ev
+            return None
+        return []
+
+    def _set_aside(self, ev: Event) -> None:
+        self.set_aside += 1
+        if len(self.warnings) >= 100:
+            return  # (counted in set_aside)
+        self.warnings.append(
+            f"a {ev.KIND} record stamped {(ev.ts - self._now) / 1e9:.0f} s ahead of the stream "
+            "was set aside (a bad timestamp): not used for any verdict"
+        )
 
     def _round(self, now: int) -> list[Verdict]:
         """Judge the exits the stream has moved SETTLE_NS past, then forget old evidence: in
         rounds, every ROUND_NS of stream time (a replay judges a busy host's exits by the
         hundred, not one at a time)."""
         self._next_round = now + ROUND_NS
+        self._now = now
         horizon = now - SETTLE_NS
         pending = self._pending
         out = self._judge_due(horizon) if pending and pending[0][0] <= horizon else []
@@ -273,7 +342,7 @@ class Analyzer:
 
     def _on_unit_info(self, ev: UnitInfo) -> None:
         self._store[UnitInfo](ev)
-        self.table.forget_unit_of(ev.cgroup_id)
+        self.table.named_by(ev.cgroup_id)
         if ev.main_pid:
             self.table.first.setdefault(ev.cgroup_id, ev.main_pid)
 
@@ -284,9 +353,12 @@ class Analyzer:
 
     def _on_cgroup_info(self, ev: CgroupInfo) -> None:
         self._store[CgroupInfo](ev)
-        self.table.forget_unit_of(ev.cgroup_id)  # (a path learnt or changed)
+        self.table.named_by(ev.cgroup_id)  # (a path learnt or changed)
 
     def finish(self) -> list[Verdict]:
+        if self._held is not None:  # (nothing came after it to vouch for it)
+            self._set_aside(self._held)
+            self._held = None
         return self._judge_due(None)
 
     # -- judging ----------------------------------------------------------------------------
@@ -309,12 +381,12 @@ class Analyzer:
         by_pid, gpu = ev.by_pid, ev.gpu
         # Without every_verdict, verdicts that retention would not keep are only counted,
         # without being judged (a busy host's --all trace is mostly those, and a replay of one
-        # a million events long): past the keep caps and with no GPU evidence in the
-        # recording, an exit with status 0 and nothing else known about it (an app_exit); once
-        # no verdict is kept, any exit that no restart will name.
+        # a million events long): an exit with a plain exit code and no evidence about it (an
+        # app_exit, the verdict retention gives way first) once no more of those are kept;
+        # any exit no restart will name once retention is full of kills.
         every = self.every_verdict
-        lean = not every and kept.full_for_clean() and not gpu.seen()
-        full = kept.full()
+        lean = not every and not gpu.seen()
+        drop_clean, drop_any = kept.drops_routine(True), kept.drops_routine(False)
         counted = 0
         for _, pid, ex, unit, main in due:
             if pid in checks:
@@ -322,20 +394,34 @@ class Analyzer:
                 checks.discard(pid)
                 continue
             restartable = main and unit is not None and unit.kind != "command"
-            if lean and ex.status == 0 and pid not in by_pid:
+            status = ex.status
+            if (
+                lean
+                and not status & 0x7F
+                and pid not in by_pid
+                and not (restartable and status >> 8 > 128)  # (an init passing a death on)
+                and (drop_any or (drop_clean and status == 0))
+            ):
                 if restartable:
-                    cause[pid] = APP_EXIT  # a restart may name it
+                    cause[(pid, ex.ts)] = APP_EXIT  # a restart may name it
                 counted += 1
                 continue
-            if not every and not restartable and full:
+            if not every and not restartable and kept.full_of_kills():
                 counted += 1
+                # (not judged: one that may be a kill is counted as one)
+                kept.kills_not_kept += bool(status & 0x7F) or pid in by_pid
             else:
                 v = self._judge(ex, unit, main)
                 if restartable:
-                    cause[pid] = v.cause  # a restart may name it
+                    cause[(pid, ex.ts)] = v.cause  # a restart may name it
                 kept.keep(v)
-                full = kept.full()
+                drop_clean, drop_any = kept.drops_routine(True), kept.drops_routine(False)
                 out.append(v)
+                if v.cause in _OOM_CAUSES:
+                    # the OOM reports this verdict used are its own: a later process with the
+                    # pid must not inherit one that arrived after this exit
+                    ev.forget_pid(pid, ex.ts, ex.ts + SETTLE_NS)
+                    continue
             if pid in by_pid or pid in gpu.by_pid:
                 ev.forget_pid(pid, ex.ts)
         kept.not_kept += counted
@@ -343,10 +429,31 @@ class Analyzer:
 
     def _judge(self, ex: Exit, unit: UnitName | None, main: bool) -> Verdict:
         """The verdict on one exit."""
-        label = unit.label if unit else None
-        finding = rules.decide(rules.view_of(ex, self.ev, label, self.supervisor_pids))
-        return verdict(ex, finding, label, main)
+        table = self.table
+        label = key = None
+        if unit is not None:
+            label, key = unit.label, unit.key
+        view = rules.view_of(
+            ex,
+            self.ev,
+            label,
+            supervisor_pids=self.supervisor_pids,
+            probe_failures=self.probe_failures,
+            unlabelled_probes=label is not None and table.sole_unit() == label,
+            main=main,
+            init_exit=table.main_exits.get(key) if key else None,
+            child_death=self._deaths.get(key) if key and main else None,
+        )
+        v = verdict(ex, rules.decide(view), label, main)
+        if key is not None and not main and v.signal is not None:
+            deaths = self._deaths
+            if len(deaths) >= 4096:
+                deaths.clear()
+            deaths[key] = v
+        return v
 
+
+_OOM_CAUSES = frozenset((CGROUP_OOM, GLOBAL_OOM))
 
 # an exit waiting to be judged: its time and pid (the order exits are judged in), the exit, its
 # unit and whether it was the unit's main process (decided at the exit, before a successor ran)

@@ -173,16 +173,59 @@ def no_sender_text(name: str, core: str) -> tuple[str, str]:
 NO_SIGNAL_EVENT = "no signal event for this exit"
 
 
-def kernel_kill_text(name: str) -> tuple[str, str]:
+def sent_by_kernel(name: str, pid: int, comm: str) -> str:
+    return f"{name} sent by the kernel (in the context of pid {pid}, {comm})"
+
+
+NO_OOM_REPORT = "no OOM report (BPF or kernel log) was seen for this process"
+
+
+def kernel_kill_counted_text(where: str) -> tuple[str, str]:
     return (
-        f"killed by the kernel with {name} (not an OOM kill: e.g. the init "
-        "process of its container or PID namespace exited and took it down)",
+        f"killed by the kernel with SIGKILL while the OOM kill counter of {where} rose: an OOM "
+        "kill whose report was not seen (the kernel log late or lost)",
+        f"{where} hit its memory limit: raise the limit or lower its use; record with the "
+        "OOM hooks attached (whyrestart doctor) for the limit and the peak",
+    )
+
+
+def namespace_end_text(init_pid: int) -> tuple[str, str]:
+    return (
+        f"killed by the kernel with SIGKILL as its container's init (pid {init_pid}) exited: "
+        "a PID namespace ends with its init",
         "look at why its container's main process ended: this process went down with it",
     )
 
 
-def sent_by_kernel(name: str) -> str:
-    return f"{name} sent by the kernel"
+def unexplained_kernel_kill_text(lost: int) -> tuple[str, str]:
+    why = (
+        f"; {lost} records were lost around it" if lost else ": the kernel log may be late or lost"
+    )
+    return (
+        f"killed by the kernel with SIGKILL, but no OOM report or other reason was seen{why}",
+        "an OOM kill is likely but not shown: check the kernel log (dmesg) around this time "
+        "and the memory cgroup's oom_kill counter; record with a larger buffer if records "
+        "were lost",
+    )
+
+
+def lost_records(n: int) -> str:
+    return f"{n} records lost (ring buffer full): evidence may be missing"
+
+
+def oom_reported_yet_sent(name: str, sender_pid: int, sender_comm: str) -> str:
+    return (
+        f"an OOM kill was reported for this pid, yet the {name} that ended it came from "
+        f"pid {sender_pid} ({sender_comm}), not the kernel"
+    )
+
+
+def killed_by_other(name: str, sender_pid: int, sender_comm: str) -> str:
+    return f"it was killed with {name} by pid {sender_pid} ({sender_comm})"
+
+
+def passed_on(code: int, pid: int, comm: str, summary: str) -> str:
+    return f"exited with code {code}, passing on the death of pid {pid} ({comm}): {summary}"
 
 
 def raised_by_itself(name: str) -> str:

@@ -271,7 +271,7 @@ def load(path: str | os.PathLike[str]) -> Timeline:
     with TraceReader(path) as reader:
         timeline = build(reader.header, reader)
         timeline.footer = reader.footer
-        timeline.warnings = list(reader.warnings)
+        timeline.warnings = [*reader.warnings, *timeline.warnings]
     return timeline
 
 
@@ -494,7 +494,7 @@ class _Builder:
         return Timeline(
             header=self.header,
             footer=None,
-            warnings=[],
+            warnings=list(self.analyzer.warnings),
             start_ns=start,
             end_ns=max(end, start),
             units=ordered,
