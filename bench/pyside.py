@@ -1,17 +1,16 @@
-"""The parts of scripts/bench that run whyrestart's own Python code (run with the venv's python).
+"""What measures whyrestart's own Python code: run by the bench in a process of its own,
+pinned to one core, so that its time and peak RSS are its alone (not the bench's):
 
-scripts/bench itself uses only the standard library; what needs the ``tracer`` package runs
-here, in a process of its own (pinned by the bench, so it measures one core):
+    python -m bench.pyside decode N REPEAT   batched decode of N synthetic ring-buffer exit records
+    python -m bench.pyside gen PATH N SEED   write a synthetic N-event trace with TraceWriter
+    python -m bench.pyside read PATH         iterate TraceReader over a trace, events only
 
-    pyside.py decode N REPEAT          batched decode of N synthetic ring-buffer exit records
-    pyside.py gen PATH N SEED          write a synthetic N-event trace with TraceWriter
-    pyside.py read PATH                iterate TraceReader over a trace, events only
-
-Each prints one JSON object on stdout.
+Each prints one JSON object on stdout (the TypedDicts below say what it holds).
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import platform
@@ -19,8 +18,8 @@ import random
 import resource
 import sys
 import time
-from typing import Any
 
+from bench.records import DecodeResult, GenResult, ReadResult
 from tracer import __version__
 from tracer.bpf import layout
 from tracer.bpf.decode import Decoder
@@ -57,7 +56,7 @@ def exit_records(n: int) -> list[bytes]:
     out = []
     rec = layout.WrExit()
     rec.h.type = layout.EV_EXIT
-    rec.h.size = layout.ctypes.sizeof(layout.WrExit)
+    rec.h.size = ctypes.sizeof(layout.WrExit)
     rec.h.rung = 3
     comms = [f"worker-{i}".encode() for i in range(64)] + [b"wr-storm", b"python3", b"sh"]
     for i in range(n):
@@ -72,7 +71,7 @@ def exit_records(n: int) -> list[bytes]:
     return out
 
 
-def cmd_decode(n: int, repeat: int) -> dict[str, Any]:
+def cmd_decode(n: int, repeat: int) -> DecodeResult:
     t0 = time.perf_counter()
     raws = exit_records(n)
     build_s = time.perf_counter() - t0
@@ -241,7 +240,7 @@ def synthetic_events(n: int, seed: int) -> tuple[list[Event], dict[str, int]]:
     return out, kinds
 
 
-def cmd_gen(path: str, n: int, seed: int) -> dict[str, Any]:
+def cmd_gen(path: str, n: int, seed: int) -> GenResult:
     t0 = time.perf_counter()
     events, kinds = synthetic_events(n, seed)
     build_s = time.perf_counter() - t0
@@ -256,7 +255,7 @@ def cmd_gen(path: str, n: int, seed: int) -> dict[str, Any]:
         hooks={"exit": "tp_btf", "signal": "tp_btf", "fork": "tp_btf", "exec": "tp_btf"},
         targets={"pids": [], "cgroups": [], "all": True, "command": []},
         started_ns=started,
-        extra={"synthetic": "scripts/bench_lib/pyside.py gen", "page_size": 4096},
+        extra={"synthetic": "python -m bench.pyside gen", "page_size": 4096},
     )
     t0 = time.perf_counter()
     with TraceWriter.open(path, header, overwrite=True) as w:
@@ -275,7 +274,7 @@ def cmd_gen(path: str, n: int, seed: int) -> dict[str, Any]:
     }
 
 
-def cmd_read(path: str) -> dict[str, Any]:
+def cmd_read(path: str) -> ReadResult:
     t0 = time.perf_counter()
     n = 0
     with TraceReader(path) as reader:
@@ -295,6 +294,7 @@ def cmd_read(path: str) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
+    res: DecodeResult | GenResult | ReadResult
     if len(argv) >= 3 and argv[0] == "decode":
         res = cmd_decode(int(argv[1]), int(argv[2]))
     elif len(argv) >= 4 and argv[0] == "gen":

@@ -1,0 +1,46 @@
+"""The C workloads (bench/c/*.c), compiled with gcc into build/bench/ at the start of each run."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+from bench.options import ROOT
+
+SRC = ROOT / "bench" / "c"
+BUILD = ROOT / "build" / "bench"
+STORM = BUILD / "wr-storm"
+MARKER = BUILD / "wr-marker"
+SIGSTORM = BUILD / "wr-sigstorm"
+RECLAIM = BUILD / "wr-reclaim"
+STORM_COMM = "wr-storm"  # what every storm child's exit carries (children never exec)
+MARKER_PREFIX = "wrmk"  # marker children name themselves wrmk%05d
+
+
+class BuildFailed(RuntimeError):
+    pass
+
+
+def build_helpers() -> dict[str, str]:
+    """Compile every helper; their names -> "static" or "dynamic" (for the report)."""
+    gcc = shutil.which("gcc")
+    if not gcc:
+        raise BuildFailed("gcc is needed to build the storm (apt-get install gcc)")
+    BUILD.mkdir(parents=True, exist_ok=True)
+    info: dict[str, str] = {}
+    for src, out in (
+        ("storm.c", STORM),
+        ("marker.c", MARKER),
+        ("sigstorm.c", SIGSTORM),
+        ("reclaim.c", RECLAIM),
+    ):
+        base = [gcc, "-O2", "-Wall", "-Wextra", "-o", str(out), str(SRC / src)]
+        # Static: no dynamic loader work in the children, and a higher storm rate.
+        r = subprocess.run([*base[:2], "-static", *base[2:]], capture_output=True)
+        static = r.returncode == 0
+        if not static:
+            r = subprocess.run(base, capture_output=True)
+        if r.returncode != 0:
+            raise BuildFailed(f"building {src} failed:\n{r.stderr.decode(errors='replace')}")
+        info[out.name] = "static" if static else "dynamic"
+    return info

@@ -1,0 +1,226 @@
+"""The bench's command line (`Options`, `parse_args`) and the names every module shares."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MiB = 1 << 20
+
+SECTIONS = ("storm", "signals", "reclaim", "overflow", "decode", "replay", "soak")
+SECTION_VARIANTS = {
+    "storm": ("bare", "whyrestart", "bpftrace", "exitsnoop"),
+    "signals": ("bare", "whyrestart", "bpftrace", "sigsnoop"),
+    "reclaim": ("bare", "whyrestart", "bpftrace"),
+}
+TOOLS = ("bare", "whyrestart", "bpftrace", "exitsnoop", "sigsnoop")
+WHYRESTART_ONLY = ("overflow", "soak")  # sections that measure whyrestart alone
+
+
+@dataclass
+class Options:
+    """What `parse_args` returns: every option, typed (argparse's own namespace is not)."""
+
+    sections: list[str] = field(default_factory=lambda: list(SECTIONS))
+    rounds: int = 3
+    seconds: float = 5.0
+    only: list[str] | None = None
+    quick: bool = False
+    json_path: str | None = None
+    batch: int = 64
+    tool_cpu: int = 0
+    storm_cpu: int = 1
+    settle: float = 0.5
+    drain: float = 1.0
+    marker_ms: int = 10
+    startup_cap: float = 15.0
+    stop_timeout: float = 120.0
+    whyrestart: str | None = None
+    bpf_stats: bool = False
+    sig_rate: float = 50000.0
+    reclaim_limit_mib: int = 64
+    reclaim_file_mib: int = 256
+    reclaim_dir: str = "/var/tmp"
+    overflow_seconds: float = 12.0
+    overflow_at: float = 1.0
+    overflow_stop: float = 8.0
+    decode_records: int = 500_000
+    decode_repeat: int = 5
+    replay_events: int = 1_000_000
+    soak_seconds: float = 600.0
+    soak_exits: str = "mixed"
+    soak_rate: float = 1000.0
+    keep_tmp: bool = False
+
+    def pinned(self, cmd: list[str]) -> list[str]:
+        """cmd pinned to the workload CPU."""
+        return ["taskset", "-c", str(self.storm_cpu), *cmd]
+
+    def whyrestart_exe(self) -> str:
+        return self.whyrestart or str(ROOT / ".venv" / "bin" / "whyrestart")
+
+
+def _parser() -> argparse.ArgumentParser:
+    d = Options()
+    ap = argparse.ArgumentParser(
+        prog="scripts/bench",
+        description="whyrestart's cost against its peers, its throughput and its losses; "
+        "markdown on stdout, progress on stderr.",
+        epilog="Sections: " + ", ".join(SECTIONS) + " (default: all, in that order).",
+    )
+    ap.add_argument("sections", nargs="*", metavar="SECTION", help="sections to run (default: all)")
+    ap.add_argument(
+        "--rounds", type=int, default=d.rounds, help="round-robin rounds per tool section (3)"
+    )
+    ap.add_argument(
+        "--seconds", type=float, default=d.seconds, help="workload length per run (default 5)"
+    )
+    ap.add_argument(
+        "--only",
+        default=None,
+        help=f"comma-separated tools to run, from {','.join(TOOLS)} "
+        "(keep bare for the slowdown column)",
+    )
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke test: 1 round of 1 s, small decode/replay sizes, short overflow and soak "
+        "(what tests/test_bench_root.py runs)",
+    )
+    ap.add_argument("--json", dest="json_path", default=None, help="write raw per-run numbers here")
+    ap.add_argument(
+        "--batch", type=int, default=d.batch, help="children forked per reap batch (64)"
+    )
+    ap.add_argument("--tool-cpu", type=int, default=d.tool_cpu, help="CPU for the tracer (0)")
+    ap.add_argument("--storm-cpu", type=int, default=d.storm_cpu, help="CPU for the workloads (1)")
+    ap.add_argument(
+        "--settle", type=float, default=d.settle, help="pause before the workload, s (0.5)"
+    )
+    ap.add_argument(
+        "--drain",
+        type=float,
+        default=d.drain,
+        help="pause after the workload before reading CPU/RSS and stopping, s (1.0)",
+    )
+    ap.add_argument("--marker-ms", type=int, default=d.marker_ms, help="marker interval, ms (10)")
+    ap.add_argument(
+        "--startup-cap",
+        type=float,
+        default=d.startup_cap,
+        help="longest wait for a marker to show in the output, s (15)",
+    )
+    ap.add_argument(
+        "--stop-timeout",
+        type=float,
+        default=d.stop_timeout,
+        help="SIGKILL a tool that has not exited this long after SIGINT (120)",
+    )
+    ap.add_argument(
+        "--whyrestart", default=None, help="whyrestart executable (default .venv/bin/whyrestart)"
+    )
+    ap.add_argument(
+        "--bpf-stats",
+        action="store_true",
+        help="enable kernel.bpf_stats_enabled during the runs and report in-kernel "
+        "BPF time per exit in the storm section (perturbs a little)",
+    )
+    g = ap.add_argument_group("section options")
+    g.add_argument(
+        "--sig-rate",
+        type=float,
+        default=d.sig_rate,
+        help="signals: paced rate for the sustained run, /s (50000; 0: skip it)",
+    )
+    g.add_argument(
+        "--reclaim-limit-mib",
+        type=int,
+        default=d.reclaim_limit_mib,
+        help="reclaim: cgroup limit, MiB (64)",
+    )
+    g.add_argument(
+        "--reclaim-file-mib",
+        type=int,
+        default=d.reclaim_file_mib,
+        help="reclaim: file size, MiB (256)",
+    )
+    g.add_argument(
+        "--reclaim-dir",
+        default=d.reclaim_dir,
+        help="reclaim: where the file goes, on disk (/var/tmp)",
+    )
+    g.add_argument(
+        "--overflow-seconds",
+        type=float,
+        default=d.overflow_seconds,
+        help="overflow: storm length, s (12)",
+    )
+    g.add_argument(
+        "--overflow-at",
+        type=float,
+        default=d.overflow_at,
+        help="overflow: SIGSTOP this far in, s (1)",
+    )
+    g.add_argument(
+        "--overflow-stop",
+        type=float,
+        default=d.overflow_stop,
+        help="overflow: SIGSTOP for this long, s (8)",
+    )
+    g.add_argument(
+        "--decode-records", type=int, default=d.decode_records, help="decode: records (500000)"
+    )
+    g.add_argument(
+        "--decode-repeat", type=int, default=d.decode_repeat, help="decode: repetitions (5)"
+    )
+    g.add_argument(
+        "--replay-events",
+        type=int,
+        default=d.replay_events,
+        help="replay: trace events (1000000)",
+    )
+    g.add_argument(
+        "--soak-seconds",
+        type=float,
+        default=d.soak_seconds,
+        help="soak: length, s (600: the full soak)",
+    )
+    g.add_argument(
+        "--soak-exits",
+        default=d.soak_exits,
+        help="soak: which storms, comma-separated: mixed (exit codes i & 0xff, failures whose "
+        "verdicts are kept: the heavier) and/or zero (clean exits) (mixed)",
+    )
+    g.add_argument("--soak-rate", type=float, default=d.soak_rate, help="soak: exits/s (1000)")
+    ap.add_argument("--keep-tmp", action="store_true", help="keep the temp dir (its path is shown)")
+    return ap
+
+
+def parse_args(argv: list[str] | None = None) -> Options:
+    ap = _parser()
+    given = vars(ap.parse_args(argv))
+    only: str | None = given.pop("only")
+    opts = Options(**given)
+    if opts.quick:
+        # A smoke run: every section, every variant, one short run each. The numbers mean
+        # little; that every section runs and prints its table is what --quick shows.
+        opts.rounds, opts.seconds = 1, 1.0
+        opts.decode_records, opts.decode_repeat = 50_000, 3
+        opts.replay_events = 100_000
+        opts.soak_seconds = 5.0
+        opts.overflow_seconds, opts.overflow_stop = 7.0, 4.0
+    if opts.rounds < 1 or opts.seconds <= 0:
+        ap.error("--rounds and --seconds must be positive")
+    bad = [s for s in opts.sections if s not in SECTIONS]
+    if bad:
+        ap.error(f"unknown section(s) {bad}; known: {', '.join(SECTIONS)}")
+    opts.sections = [s for s in SECTIONS if s in opts.sections] or list(SECTIONS)
+    if only:
+        opts.only = [x.strip() for x in only.split(",") if x.strip()]
+        bad = [x for x in opts.only if x not in TOOLS]
+        if bad:
+            ap.error(f"unknown tool(s) {bad}; known: {', '.join(TOOLS)}")
+    if opts.overflow_at + opts.overflow_stop >= opts.overflow_seconds:
+        ap.error("--overflow-at + --overflow-stop must end before --overflow-seconds")
+    return opts

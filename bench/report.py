@@ -1,0 +1,81 @@
+"""What the section tables are made of: medians, cells, slowdowns, notes, method lines."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from bench.options import Options
+from bench.records import Run
+
+T = TypeVar("T")
+
+
+def med(xs: Sequence[float | None]) -> float | None:
+    ys = [x for x in xs if x is not None]
+    return statistics.median(ys) if ys else None
+
+
+def fmt(x: float | None, spec: str, none: str = "n/a") -> str:
+    return none if x is None else format(x, spec)
+
+
+def slow_str(slow: float | None) -> str:
+    return f"{slow:.2f}x ({(slow - 1) * 100:+.0f}%)" if slow else "n/a (no bare run)"
+
+
+def ok_runs(runs: list[Run], v: str) -> tuple[list[Run], list[str]]:
+    mine = [r for r in runs if r["variant"] == v]
+    return (
+        [r for r in mine if "work" in r and "error" not in r],
+        [r["error"] for r in mine if "error" in r],
+    )
+
+
+def slowdown(runs: list[Run], ok: list[Run]) -> float | None:
+    """Median over rounds of bare's throughput over the variant's, same round."""
+    bare = {r["round"]: r["work"]["per_s"] for r in runs if r["variant"] == "bare" and "work" in r}
+    return med([bare[r["round"]] / r["work"]["per_s"] for r in ok if r["round"] in bare])
+
+
+def vmhwm_mib(r: Run) -> float | None:
+    kb = r.get("vmhwm_kb")
+    return kb / 1024 if kb else None
+
+
+def tool_notes(opts: Options, v: str, ok: list[Run], errs: list[str]) -> str:
+    notes = []
+    if v == "whyrestart":
+        nofoot = sum(1 for r in ok if not r.get("footer"))
+        if nofoot:
+            notes.append(f"{nofoot} trace(s) without footer")
+        warns = {w for r in ok for w in (r.get("footer_warnings") or [])}
+        notes.extend(sorted(warns)[:3])
+    killed = sum(1 for r in ok if r.get("tool_killed"))
+    if killed:
+        notes.append(f"killed after {opts.stop_timeout}s in {killed} run(s)")
+    invisible = sum(1 for r in ok if r.get("visible_s") is None)
+    if invisible:
+        notes.append(f"no marker visible before stop in {invisible} run(s)")
+    if errs:
+        notes.append(f"{len(errs)} failed run(s): {errs[0][:120]}")
+    return "; ".join(notes)
+
+
+def method_lines(items: list[str], **kw: Any) -> list[str]:
+    return ["", "How each number was measured:", ""] + [f"- {x.format(**kw)}" for x in items]
+
+
+def median_run(runs: list[T], key: Callable[[T], float]) -> T:
+    """The run whose ``key(run)`` is the median (the lower middle one for an even count)."""
+    ordered = sorted(runs, key=key)
+    return ordered[(len(ordered) - 1) // 2]
+
+
+def lin_slope(points: list[tuple[float, float]]) -> float:
+    n = len(points)
+    mx = sum(t for t, _ in points) / n
+    my = sum(y for _, y in points) / n
+    den = sum((t - mx) ** 2 for t, _ in points)
+    return sum((t - mx) * (y - my) for t, y in points) / den if den else 0.0
