@@ -107,9 +107,9 @@ def test_counts_that_do_not_depend_on_speed(quick: tuple[str, dict[str, Any]]) -
         assert run["lost_records_sum"] == run["lost"]  # the footer's total = the lost records
         if run["mode"] == "cgroup":
             # only the storm in that cgroup: every event seen or counted lost, exactly
-            assert run["seen_events"] + run["lost"] == run["expected"]
+            assert run["seen_events"] + run["lost"] == run["expected"], run
         else:
-            assert run["missing"] <= run["lost"]
+            assert run["missing"] <= run["lost"], run
 
     [soak] = doc["sections"]["soak"]["runs"]
     assert soak["seen"] + soak["lost"] >= soak["work"]["exits"] > 0
