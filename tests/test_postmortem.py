@@ -553,3 +553,23 @@ def test_unit_oom_kill_from_systemd_and_the_kernel_log(tmp_path: Path) -> None:
     assert any("oom_kill counter of /test/hog reads 1" in x for x in whats)
     with pytest.raises(UsageError, match="--unit nope: systemd: no container 'nope'"):
         gather("unit", "nope", None, w)
+
+
+def test_all_names_the_containers_the_kernel_log_names() -> None:
+    from dataclasses import replace
+
+    log = read_kernel_log(
+        records(oom_records(100, 899.0, 2048), oom_records(300, 900.45, 2193),
+                oom_records(400, 950.0, 3000, "/process_api/x/hog")),
+        MONO,
+    )  # fmt: skip
+    f = replace(
+        facts(log, target=Target("all", "", "this host")),
+        others=(RuntimeState(podman_info(), NOW),),
+    )
+    _, verdicts = judged(f)
+    assert [(v.pid, v.unit, v.confidence) for v in verdicts] == [
+        (2048, "podman llm", "medium"),
+        (2193, "podman llm", "high"),  # podman's record of the exit joins the kernel log's
+        (3000, "dd (pid 3000)", "medium"),  # no runtime: the process names its own unit
+    ]

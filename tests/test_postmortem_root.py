@@ -115,6 +115,10 @@ def test_oom_killed_container_restarted_by_its_policy(image: str, name: str) -> 
     assert last["unit"] == f"podman {name}" and last["comm"] == "dd"
     assert any("podman says" in e["what"] and "137" in e["what"] for e in last["evidence"])
     assert doc["record_command"] == f"sudo whyrestart record -o {name}.trace --container {name}"
+    # --all finds the same kills and asks podman about the container they name
+    everything = postmortem("--all")
+    ours = [v for v in everything["verdicts"] if v["unit"] == f"podman {name}"]
+    assert [v["confidence"] for v in ours] == ["medium", "medium", "high"]
     text = CliRunner().invoke(main, ["postmortem", "--container", name]).stdout
     assert f"podman {name}: podman counts 2 restarts" in text
     assert "hit its limit 64.0 MiB (its own cgroup)" in text

@@ -177,6 +177,8 @@ class Facts:
     cgroups: tuple[CgroupNow, ...] = ()  # the target's cgroups and every ancestor, now
     runtime: RuntimeState | None = None
     history: tuple[Event, ...] = ()  # from HistorySource(s), when there are any
+    # --all: the runtimes' records of the containers the kernel log's reports name
+    others: tuple[RuntimeState, ...] = ()
     kubelet: tuple[ContainerLogs, ...] = ()  # --pod: the kubelet's log directories
 
 
@@ -250,96 +252,27 @@ def assemble(facts: Facts) -> Assembled:
             )
         )
 
-    # the unit the runtime names, on the cgroups its processes were killed in
+    # the units the runtimes name, on the cgroups their processes were killed in, and their
+    # record of the last exit with the kernel's report of that run's kill
     unit = None
-    unit_cgroup = 0
-    if rt is not None:
-        info = rt.info
-        unit = from_info(info.runtime, info.id, info.name, _pod(info))
-        cg_paths = {o.oom.task_memcg for o in ooms if o.oom.task_memcg}
-        if info.cgroup_path:
-            cg_paths.add(info.cgroup_path)
-        for p in sorted(cg_paths):
-            events.append(
-                UnitInfo(
-                    ts=first_ts,
-                    cgroup_id=ids(p),
-                    kind=info.runtime,
-                    unit_id=info.id,
-                    name=info.name,
-                    pod=_pod(info),
-                )
-            )
-        unit_cgroup = ids(info.cgroup_path or min(cg_paths, default=f"{info.runtime}:{info.id}"))
-        if not cg_paths:  # nothing names its cgroup: a unit all the same
-            events.append(
-                UnitInfo(
-                    ts=first_ts,
-                    cgroup_id=unit_cgroup,
-                    kind=info.runtime,
-                    unit_id=info.id,
-                    name=info.name,
-                    pod=_pod(info),
-                )
-            )
-    elif ooms:
-        unit = unit_of_cgroup(ooms[-1].oom.task_memcg or ooms[-1].oom.oom_memcg)
-
-    # the runtime's record of the last exit, and the kernel's report of that run's kill
-    matched: LoggedOom | None = None
+    matched: set[int] = set()  # (ids of the LoggedOom that a runtime's exit stands for)
     rexit: RuntimeExit | None = None
     finished = None
-    if rt is not None and rt.info.exit_code is not None:
-        info = rt.info
-        code = rt.info.exit_code
-        finished = _boottime(info, info.finished_ns, facts)
-        started = _boottime(info, info.started_ns, facts)
-        if started is not None and finished is not None:
-            # podman stamps the start after the fact: a process that exits at once has its
-            # finish a few ms before its start
-            started = min(started, finished)
-        if finished is not None and finished >= facts.since_ns:
-            lo = started if started is not None else finished - 60 * SECOND
-            run = [o for o in ooms if lo - SECOND <= o.oom.ts <= finished + MATCH_AFTER_NS]
-            if info.exit_pid:
-                run = [o for o in run if o.oom.victim_pid == info.exit_pid]
-            matched = run[-1] if run else None
-            pid = info.exit_pid or (matched.oom.victim_pid if matched else 0)
-            cg = ids(matched.oom.task_memcg) if matched and matched.oom.task_memcg else unit_cgroup
-            label = unit.label if unit else info.name
-            rexit = RuntimeExit(
-                ts=finished,
-                cgroup_id=cg,
-                unit=label,
-                source=info.runtime,
-                exit_code=code,
-                pid=pid,
-                oom_killed=info.oom_killed,
-            )
-            events.append(rexit)
-            events.append(
-                Exit(
-                    ts=finished,
-                    pid=pid,
-                    ppid=0,
-                    comm=matched.oom.victim_comm if matched else info.command,
-                    cgroup_id=cg,
-                    status=wait_status(code),
-                    start_ns=started or 0,
-                    rung=info.runtime,
-                )
-            )
-        events.append(
-            RuntimeSample(
-                ts=rt.read_ns,
-                unit=unit.label if unit else info.name,
-                source=info.runtime,
-                restart_count=info.restart_count,
-                state=info.state,
-                exit_code=info.exit_code,
-                oom_killed=info.oom_killed,
-            )
+    for i, state in enumerate(((rt,) if rt is not None else ()) + facts.others):
+        info = state.info
+        mine = (
+            ooms
+            if i == 0 and rt is not None
+            else tuple(o for o in ooms if _names(o.oom.task_memcg or o.oom.oom_memcg, info.id))
         )
+        evs, m, r, fin, u = _runtime_events(state, mine, ids, facts, first_ts)
+        events += evs
+        if m is not None:
+            matched.add(id(m))
+        if i == 0 and rt is not None:
+            unit, rexit, finished = u, r, fin
+    if unit is None and ooms and rt is None and facts.target.kind != "all":
+        unit = unit_of_cgroup(ooms[-1].oom.task_memcg or ooms[-1].oom.oom_memcg)
 
     # every OOM report naming the target: the kernel's word, and the death it caused
     for o in ooms:
@@ -366,7 +299,7 @@ def assemble(facts: Facts) -> Assembled:
                     psi_full_total_us=None,
                 )
             )
-        if o is matched or k.ts < facts.since_ns:
+        if id(o) in matched or k.ts < facts.since_ns:
             continue
         events.append(
             Exit(
@@ -416,6 +349,85 @@ def assemble(facts: Facts) -> Assembled:
         runtime_exit_ns=finished,
         unit=unit,
     )
+
+
+def _runtime_events(
+    rt: RuntimeState, ooms: Sequence[LoggedOom], ids: _Ids, facts: Facts, first_ts: int
+) -> tuple[list[Event], LoggedOom | None, RuntimeExit | None, int | None, UnitName]:
+    """One runtime's record as events: its unit on the cgroups its processes were killed in;
+    its last exit (a ``RuntimeExit`` and the ``Exit`` it stands for, with the pid of the
+    kernel's report of that run's kill, when there is one); its restart count."""
+    info = rt.info
+    events: list[Event] = []
+    unit = from_info(info.runtime, info.id, info.name, _pod(info))
+    cg_paths = {o.oom.task_memcg for o in ooms if o.oom.task_memcg}
+    if info.cgroup_path:
+        cg_paths.add(info.cgroup_path)
+    unit_cgroup = ids(info.cgroup_path or min(cg_paths, default=f"{info.runtime}:{info.id}"))
+    # (nothing names its cgroup: a unit all the same, on an id of its own)
+    for cid in sorted({ids(p) for p in cg_paths} or {unit_cgroup}):
+        events.append(
+            UnitInfo(
+                ts=first_ts,
+                cgroup_id=cid,
+                kind=info.runtime,
+                unit_id=info.id,
+                name=info.name,
+                pod=_pod(info),
+            )
+        )
+    events.append(
+        RuntimeSample(
+            ts=rt.read_ns,
+            unit=unit.label,
+            source=info.runtime,
+            restart_count=info.restart_count,
+            state=info.state,
+            exit_code=info.exit_code,
+            oom_killed=info.oom_killed,
+        )
+    )
+    code = info.exit_code
+    finished = _boottime(info, info.finished_ns, facts)
+    if code is None or finished is None:
+        return events, None, None, None, unit
+    started = _boottime(info, info.started_ns, facts)
+    if started is not None:
+        # podman stamps the start after the fact: a process that exits at once has its
+        # finish a few ms before its start
+        started = min(started, finished)
+    if finished < facts.since_ns:
+        return events, None, None, finished, unit
+    lo = started if started is not None else finished - 60 * SECOND
+    run = [o for o in ooms if lo - SECOND <= o.oom.ts <= finished + MATCH_AFTER_NS]
+    if info.exit_pid:
+        run = [o for o in run if o.oom.victim_pid == info.exit_pid]
+    matched = run[-1] if run else None
+    pid = info.exit_pid or (matched.oom.victim_pid if matched else 0)
+    cg = ids(matched.oom.task_memcg) if matched and matched.oom.task_memcg else unit_cgroup
+    rexit = RuntimeExit(
+        ts=finished,
+        cgroup_id=cg,
+        unit=unit.label,
+        source=info.runtime,
+        exit_code=code,
+        pid=pid,
+        oom_killed=info.oom_killed,
+    )
+    events.append(rexit)
+    events.append(
+        Exit(
+            ts=finished,
+            pid=pid,
+            ppid=0,
+            comm=matched.oom.victim_comm if matched else info.command,
+            cgroup_id=cg,
+            status=wait_status(code),
+            start_ns=started or 0,
+            rung=info.runtime,
+        )
+    )
+    return events, matched, rexit, finished, unit
 
 
 def _pod(info: ContainerInfo) -> str:

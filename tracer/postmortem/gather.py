@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from tracer import clock
+from tracer.analysis.units import unit_of_cgroup
 from tracer.errors import UsageError, WhyrestartError
 from tracer.events import CgroupSample
 from tracer.parse.kmsg import KmsgRecord
@@ -23,6 +24,7 @@ from tracer.postmortem.correlate import (
     Facts,
     HistorySource,
     KernelLog,
+    LoggedOom,
     RuntimeState,
     Target,
     read_kernel_log,
@@ -233,6 +235,30 @@ def cgroups_now(world: World, paths: Iterable[str], now: int) -> tuple[CgroupNow
     return tuple(sorted(seen.values(), key=lambda c: (-c.path.rstrip("/").count("/"), c.path)))
 
 
+# --all asks the runtimes about this many containers at most (an inspect costs ~0.1 s)
+MAX_NAMED = 32
+
+
+def _named_containers(
+    world: World, ooms: Sequence[LoggedOom], now: int
+) -> tuple[RuntimeState, ...]:
+    """The runtimes' records of the containers whose cgroups the kernel log's reports name
+    (newest first; a removed container has none and stays known by its id)."""
+    wanted: dict[tuple[str, str], None] = {}
+    for o in reversed(ooms):
+        unit = unit_of_cgroup(o.oom.task_memcg or o.oom.oom_memcg)
+        if unit is not None and unit.kind in ("podman", "docker"):
+            wanted[(unit.kind, unit.key)] = None
+    runtimes = {rt.name: rt for rt in _container_runtimes(world)}
+    out = []
+    for kind, cid in list(wanted)[:MAX_NAMED]:
+        rt = runtimes.get(kind)
+        info = rt.by_id(cid) if rt is not None and rt.available() else None
+        if info is not None:
+            out.append(RuntimeState(info, now))
+    return tuple(out)
+
+
 def _exists(world: World, path: str) -> bool:
     try:
         CgroupResolver(world.layout, world.proc_root).id_of(path)
@@ -273,6 +299,7 @@ def gather(kind: str, spec: str, since_s: float | None, world: World | None = No
             f"give a path relative to {world.layout.memory_root or 'the memory hierarchy'}"
             ", as in /proc/PID/cgroup",
         )
+    others = _named_containers(world, matched, now) if kind == "all" else ()
     history = tuple(e for h in world.history for e in h.events_for(target, since))
     kubelet: tuple[ContainerLogs, ...] = ()
     if kind == "pod":
@@ -291,4 +318,5 @@ def gather(kind: str, spec: str, since_s: float | None, world: World | None = No
         runtime=runtime,
         history=history,
         kubelet=kubelet,
+        others=others,
     )
