@@ -153,6 +153,8 @@ struct wr_config {
 enum wr_gpu_event_type {
 	WR_EV_GPU_ALLOC_FAIL = 16,      /* an allocation returned CUDA_ERROR_OUT_OF_MEMORY */
 	WR_EV_GPU_ALLOC_RECOVERED = 17, /* the first successful allocation after failures */
+	WR_EV_GPU_CALL_FAIL = 18,       /* cuInit, context creation or an allocation returned an
+					 * error other than CUDA_ERROR_OUT_OF_MEMORY */
 };
 
 /* hdr.rung of uprobe records (continues enum wr_rung) */
@@ -168,14 +170,21 @@ enum wr_gpu_func {
 	WR_GPU_MEM_ALLOC_FROM_POOL = 6,        /* cuMemAllocFromPoolAsync */
 	WR_GPU_MEM_ALLOC_FROM_POOL_PTSZ = 7,   /* cuMemAllocFromPoolAsync_ptsz */
 	WR_GPU_MEM_CREATE = 8,                 /* cuMemCreate */
+	WR_GPU_INIT = 9,                       /* cuInit */
+	WR_GPU_PRIMARY_CTX_RETAIN = 10,        /* cuDevicePrimaryCtxRetain (the runtime's context) */
+	WR_GPU_CTX_CREATE = 11,                /* cuCtxCreate_v2 */
+	WR_GPU_CTX_CREATE_V3 = 12,             /* cuCtxCreate_v3 */
+	WR_GPU_CTX_CREATE_V4 = 13,             /* cuCtxCreate_v4 (CUDA 12.5) */
 };
 
 /* CUresult values the probes act on (cuda.h) */
 #define WR_CUDA_SUCCESS 0
 #define WR_CUDA_ERROR_OUT_OF_MEMORY 2
 
-/* One allocation call of a watched process: a failure (type WR_EV_GPU_ALLOC_FAIL) or the first
- * success after failures (WR_EV_GPU_ALLOC_RECOVERED). The header names the calling thread. */
+/* One driver call of a watched process: an allocation failure (type WR_EV_GPU_ALLOC_FAIL), the
+ * first success after failures (WR_EV_GPU_ALLOC_RECOVERED), or any other failing call
+ * (WR_EV_GPU_CALL_FAIL: failures then counts this process's failing calls so far, and only the
+ * first WR_GPU_CALL_FAIL_SENT of them are sent). The header names the calling thread. */
 struct wr_gpu_alloc {
 	struct wr_hdr h;
 	__u64 requested;  /* bytes asked for (pitch: width * height) */
@@ -194,6 +203,29 @@ struct wr_gpu_stats {
 	__u64 failures;   /* CUDA_ERROR_OUT_OF_MEMORY returns */
 	__u64 pending;    /* failures since the last success */
 	__u64 untracked;  /* successes whose pointer could not be read or remembered */
+	__u64 call_failures; /* WR_EV_GPU_CALL_FAIL calls (init, contexts, other errors) */
+};
+
+/* A process that a failing driver call keeps failing in a loop sends this many records; the
+ * rest are counted in wr_gpu_stats.call_failures. */
+#define WR_GPU_CALL_FAIL_SENT 64
+
+/* A driver library file as the kernel sees an open file: f_inode's super block dev_t (the
+ * kernel's encoding, MAJOR << 20 | MINOR) and inode number. Keys gpu_probed_files. */
+struct wr_gpu_file {
+	__u64 dev;
+	__u64 ino;
+};
+
+/* A watched process stopped (SIGSTOP from BPF) right after it opened a libcuda file whose
+ * uprobes were not attached yet (map gpu_held, keyed by tgid). User space attaches, then
+ * resumes it with SIGCONT and deletes the entry; tracer/gpu/holdguard.py resumes whatever is
+ * left if the recorder dies. */
+struct wr_gpu_hold {
+	struct wr_gpu_file file;
+	__u64 ts_ns;      /* when it was stopped (CLOCK_BOOTTIME) */
+	__s32 fd;         /* the descriptor openat returned: /proc/PID/fd/FD is the file */
+	__u32 _pad;
 };
 
 /* One live allocation: what a free gives back (map gpu_live). */
@@ -205,10 +237,10 @@ struct wr_gpu_live_key {
 
 /* Set by user space in gpu.bpf.o's .rodata before load. */
 struct wr_gpu_config {
-	__u32 filter_all; /* 1: every process; 0: only pids in gpu_watched */
+	__u32 filter_all; /* 1: every process; 0: only pids in watched_pids / watched_cgroups */
 	__u32 memcg_v1;   /* as wr_config.memcg_v1: which hierarchy hdr.cgroup_id comes from */
 	__u32 self_tgid;  /* the tracer itself: never reported */
-	__u32 _pad;
+	__u32 watch_cgroups; /* as wr_config.watch_cgroups (the maps are the main object's) */
 };
 
 #endif /* WHYRESTART_EVENTS_H */

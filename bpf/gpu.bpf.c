@@ -10,8 +10,17 @@
  * User space (tracer/bpf/gpuprobe.py) attaches these programs to the libcuda.so.1 file that a
  * watched process maps, once per file for every process (pid -1): the kernel keys uprobes by
  * inode, so every later process mapping the same library is covered from its first call. The
- * programs therefore filter on gpu_watched, which user space fills with the same pids the main
- * object watches.
+ * programs therefore filter on the watched set, and it is the main object's own: watched_pids
+ * and watched_cgroups are that object's maps (bpf_map__reuse_fd before load), so a process is
+ * watched here from the fork the main object saw, not from when user space decodes it.
+ *
+ * A library file nobody probed yet (LD_LIBRARY_PATH, a conda environment, a container's
+ * compat directory) is caught as it is opened: when a watched process's open/openat returns a
+ * file named libcuda.so*, and that file is not in gpu_probed_files, the process is stopped with
+ * SIGSTOP before it returns to user space and put in gpu_held. User space attaches the probes to
+ * the file (/proc/PID/fd/FD), adds it to gpu_probed_files and resumes the process with SIGCONT:
+ * its very first driver call is then caught. The hold is bounded by user space (and by
+ * tracer/gpu/holdguard.py if the recorder dies); holds that could not be taken are counted.
  *
  * For each allocation entry point there is an entry program (saves the requested size and where
  * the result will be written, keyed by thread and function: a driver entry point may call
@@ -40,6 +49,8 @@ struct wr_gpu_btf_anchor {
 	struct wr_gpu_alloc alloc;
 	struct wr_gpu_stats stats;
 	struct wr_gpu_live_key live_key;
+	struct wr_gpu_file file;
+	struct wr_gpu_hold hold;
 	enum wr_gpu_event_type type; /* the enums too: the test checks the Python numbers */
 	enum wr_gpu_func func;
 };
@@ -53,13 +64,59 @@ struct {
 	__uint(max_entries, 256 * 1024);
 } gpu_events SEC(".maps");
 
-/* Watched processes by tgid, filled by user space from the main object's view. */
+/* The main object's watched processes (by tgid) and cgroups, shared with it (same definitions
+ * as in whyrestart.bpf.c: bpf_map__reuse_fd checks them). Without the main object, user space
+ * fills watched_pids itself. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 65536);
 	__type(key, __u32);
 	__type(value, __u8);
-} gpu_watched SEC(".maps");
+} watched_pids SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1024);
+	__type(key, __u64);
+	__type(value, __u8);
+} watched_cgroups SEC(".maps");
+
+#define MAX_CGROUP_DEPTH 16
+#define SIGSTOP 19
+
+/* Library files whose probes are attached (or could not be: no use holding for them again). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct wr_gpu_file);
+	__type(value, __u8);
+} gpu_probed_files SEC(".maps");
+
+/* Processes stopped until their library is probed, by tgid. Its size bounds how many can be
+ * held at once: a hold that finds it full is not taken, and counted. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, struct wr_gpu_hold);
+} gpu_held SEC(".maps");
+
+/* [0] = 1 while user space resumes held processes (set once its guard runs, cleared before it
+ * closes): no hold without somebody to end it. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} gpu_hold_on SEC(".maps");
+
+/* Per CPU: [0] holds taken, [1] holds not taken (gpu_held full, or the signal failed). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 2);
+	__type(key, __u32);
+	__type(value, __u64);
+} gpu_hold_counts SEC(".maps");
 
 /* Failed ring-buffer reservations, per CPU. */
 struct {
@@ -131,11 +188,34 @@ static __always_inline __u64 cgroup_id_of(struct cgroup *cgrp)
 	return cgrp ? BPF_CORE_READ(cgrp, kn, id) : 0;
 }
 
+/* whyrestart.bpf.c's is_watched(), on the shared maps. */
 static __always_inline bool watched(__u32 tgid)
 {
+	struct cgroup *cgrp;
+
 	if (tgid == gcfg.self_tgid)
 		return false;
-	return gcfg.filter_all || bpf_map_lookup_elem(&gpu_watched, &tgid);
+	if (gcfg.filter_all || bpf_map_lookup_elem(&watched_pids, &tgid))
+		return true;
+	if (!gcfg.watch_cgroups)
+		return false;
+	cgrp = task_cgroup((struct task_struct *)bpf_get_current_task());
+	for (int i = 0; i < MAX_CGROUP_DEPTH && cgrp; i++) {
+		__u64 id = cgroup_id_of(cgrp);
+
+		if (bpf_map_lookup_elem(&watched_cgroups, &id))
+			return true;
+		cgrp = (struct cgroup *)BPF_CORE_READ(cgrp, self.parent);
+	}
+	return false;
+}
+
+static __always_inline void count(void *map, __u32 index)
+{
+	__u64 *n = bpf_map_lookup_elem(map, &index);
+
+	if (n)
+		__sync_fetch_and_add(n, 1);
 }
 
 static __always_inline struct wr_gpu_stats *stats_of(__u32 tgid)
@@ -158,11 +238,7 @@ static __always_inline void emit(__u16 type, __u32 func, int result, __u64 reque
 
 	e = bpf_ringbuf_reserve(&gpu_events, sizeof(*e), 0);
 	if (!e) {
-		__u32 zero = 0;
-		__u64 *n = bpf_map_lookup_elem(&gpu_lost, &zero);
-
-		if (n)
-			__sync_fetch_and_add(n, 1);
+		count(&gpu_lost, 0);
 		return;
 	}
 	e->h.type = type;
@@ -182,6 +258,15 @@ static __always_inline void emit(__u16 type, __u32 func, int result, __u64 reque
 	e->result = result;
 	/* user space drains on a timer: a wake-up per record would only cost */
 	bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+}
+
+static __always_inline void call_failed(struct wr_gpu_stats *st, __u32 func, int result,
+					__u64 size)
+{
+	__u64 n = __sync_fetch_and_add(&st->call_failures, 1) + 1;
+
+	if (n <= WR_GPU_CALL_FAIL_SENT)
+		emit(WR_EV_GPU_CALL_FAIL, func, result, size, st->held_bytes, st->peak_bytes, n);
 }
 
 static __always_inline int alloc_entry(__u32 func, __u64 out, __u64 size, __u64 pitch_out,
@@ -238,8 +323,11 @@ static __always_inline int alloc_return(__u32 func, int result)
 		     st->pending);
 		return 0;
 	}
-	if (result != WR_CUDA_SUCCESS)
+	if (result != WR_CUDA_SUCCESS) {
+		/* not initialised, no context, an invalid value: why it could not allocate */
+		call_failed(st, func, result, size);
 		return 0;
+	}
 
 	__sync_fetch_and_add(&st->allocs, 1);
 	live.ptr = ptr;
@@ -387,4 +475,140 @@ SEC("uprobe")
 int BPF_KPROBE(mem_release, __u64 handle)
 {
 	return release(handle);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* CUDA could not start: cuInit and context creation failing (no device 100, driver/runtime
+ * mismatch 803, forward compatibility 804, unknown 999, ...). Only the return value matters, so
+ * there is no entry program: a failure of a watched process is sent, a success costs a lookup. */
+
+static __always_inline int init_return(__u32 func, int result)
+{
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	struct wr_gpu_stats *st;
+
+	if (result == WR_CUDA_SUCCESS || !watched(tgid))
+		return 0;
+	st = stats_of(tgid);
+	if (st)
+		call_failed(st, func, result, 0);
+	return 0;
+}
+
+/* CUresult cuInit(unsigned int Flags) */
+SEC("uretprobe")
+int BPF_KRETPROBE(init_ret, long ret)
+{
+	return init_return(WR_GPU_INIT, (int)ret);
+}
+
+/* CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev): the runtime's context */
+SEC("uretprobe")
+int BPF_KRETPROBE(primary_ctx_retain_ret, long ret)
+{
+	return init_return(WR_GPU_PRIMARY_CTX_RETAIN, (int)ret);
+}
+
+/* CUresult cuCtxCreate_v2 / _v3 / _v4 (CUcontext *pctx, ...) */
+SEC("uretprobe")
+int BPF_KRETPROBE(ctx_create_ret, long ret)
+{
+	return init_return(WR_GPU_CTX_CREATE, (int)ret);
+}
+
+SEC("uretprobe")
+int BPF_KRETPROBE(ctx_create_v3_ret, long ret)
+{
+	return init_return(WR_GPU_CTX_CREATE_V3, (int)ret);
+}
+
+SEC("uretprobe")
+int BPF_KRETPROBE(ctx_create_v4_ret, long ret)
+{
+	return init_return(WR_GPU_CTX_CREATE_V4, (int)ret);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Holding a process that opened a driver library nobody probed yet (see the top of the file).
+ * The syscall-exit tracepoints run in the opening task just before it returns to user space,
+ * where the SIGSTOP sent from here takes effect: no instruction of the process runs between the
+ * open and the stop. glibc's loader and dlopen use openat; open and openat2 are the other two
+ * ways to get a descriptor for a path. */
+
+static __always_inline bool named_libcuda(struct file *f)
+{
+	static const char want[] = "libcuda.so";
+	const unsigned char *name = BPF_CORE_READ(f, f_path.dentry, d_name.name);
+	char buf[sizeof(want)] = {};
+
+	if (bpf_probe_read_kernel(buf, sizeof(buf) - 1, name) != 0)
+		return false;
+	for (int i = 0; i < sizeof(want) - 1; i++)
+		if (buf[i] != want[i])
+			return false;
+	return true;
+}
+
+static __always_inline int hold_if_unprobed(long ret)
+{
+	struct task_struct *task;
+	struct fdtable *fdt;
+	struct file **fds, *f = NULL;
+	struct wr_gpu_hold h = {};
+	__u32 zero = 0, tgid, *on;
+
+	if (ret < 0)
+		return 0;
+	on = bpf_map_lookup_elem(&gpu_hold_on, &zero);
+	if (!on || !*on)
+		return 0;
+	tgid = bpf_get_current_pid_tgid() >> 32;
+	if (!watched(tgid))
+		return 0;
+	task = (struct task_struct *)bpf_get_current_task();
+	fdt = BPF_CORE_READ(task, files, fdt);
+	if (!fdt || ret >= BPF_CORE_READ(fdt, max_fds))
+		return 0;
+	fds = BPF_CORE_READ(fdt, fd);
+	if (bpf_probe_read_kernel(&f, sizeof(f), fds + ret) != 0 || !f)
+		return 0;
+	if (!named_libcuda(f))
+		return 0;
+	h.file.dev = BPF_CORE_READ(f, f_inode, i_sb, s_dev);
+	h.file.ino = BPF_CORE_READ(f, f_inode, i_ino);
+	if (bpf_map_lookup_elem(&gpu_probed_files, &h.file))
+		return 0;
+	h.ts_ns = bpf_ktime_get_boot_ns();
+	h.fd = ret;
+	if (bpf_map_update_elem(&gpu_held, &tgid, &h, BPF_NOEXIST) != 0) {
+		/* already held (another thread opened it too), or the map is full */
+		if (!bpf_map_lookup_elem(&gpu_held, &tgid))
+			count(&gpu_hold_counts, 1);
+		return 0;
+	}
+	if (bpf_send_signal(SIGSTOP) != 0) {
+		bpf_map_delete_elem(&gpu_held, &tgid);
+		count(&gpu_hold_counts, 1);
+		return 0;
+	}
+	count(&gpu_hold_counts, 0);
+	return 0;
+}
+
+SEC("tracepoint/syscalls/sys_exit_openat")
+int hold_openat(struct trace_event_raw_sys_exit *ctx)
+{
+	return hold_if_unprobed(ctx->ret);
+}
+
+SEC("tracepoint/syscalls/sys_exit_open")
+int hold_open(struct trace_event_raw_sys_exit *ctx)
+{
+	return hold_if_unprobed(ctx->ret);
+}
+
+SEC("tracepoint/syscalls/sys_exit_openat2")
+int hold_openat2(struct trace_event_raw_sys_exit *ctx)
+{
+	return hold_if_unprobed(ctx->ret);
 }

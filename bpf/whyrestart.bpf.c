@@ -53,7 +53,8 @@ struct {
 	__uint(max_entries, 2 * 1024 * 1024);
 } events SEC(".maps");
 
-/* Watched processes by tgid: seeded by user space, grown by forks, shrunk by exits. */
+/* Watched processes by tgid: seeded by user space, grown by forks, shrunk by exits. gpu.bpf.c
+ * shares this map and watched_cgroups (bpf_map__reuse_fd): change both definitions together. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 65536);

@@ -15,7 +15,7 @@ import pytest
 from tests.gpu import build
 from tracer.bpf import gpuhooks, layout
 from tracer.bpf.decode import Decoder
-from tracer.events import GpuAllocFailure, GpuLost, GpuOomRecovered, GpuXid
+from tracer.events import GpuAllocFailure, GpuCallFailure, GpuLost, GpuOomRecovered, GpuXid
 from tracer.gpu import libcuda, xid
 from tracer.parse import elf
 from tracer.parse.kmsg import parse_record
@@ -335,10 +335,33 @@ def test_decode_unknown_function_and_short_record() -> None:
 
 
 def test_every_function_number_has_a_probe_program() -> None:
-    assert set(layout.GPU_FUNCS.values()) == set(libcuda.ALLOC_FUNCTIONS)
+    assert set(layout.GPU_FUNCS.values()) == {*libcuda.ALLOC_FUNCTIONS, *libcuda.INIT_FUNCTIONS}
     # the frees first: they are attached before the allocations
-    assert tuple(gpuhooks.PROGRAMS) == libcuda.FREE_FUNCTIONS + libcuda.ALLOC_FUNCTIONS
+    assert tuple(gpuhooks.PROGRAMS) == (
+        libcuda.FREE_FUNCTIONS + libcuda.ALLOC_FUNCTIONS + libcuda.INIT_FUNCTIONS
+    )
     assert all(
         ret is None for f, (_, ret) in gpuhooks.PROGRAMS.items() if f in libcuda.FREE_FUNCTIONS
     )
-    assert all(re.fullmatch(r"mem_\w+", e) for e, _ in gpuhooks.PROGRAMS.values())
+    assert all(
+        e is not None and re.fullmatch(r"mem_\w+", e)
+        for f, (e, _) in gpuhooks.PROGRAMS.items()
+        if f not in libcuda.INIT_FUNCTIONS
+    )
+    # CUDA starting: only the result matters, a return probe alone
+    assert all(gpuhooks.PROGRAMS[f][0] is None for f in libcuda.INIT_FUNCTIONS)
+
+
+def test_decode_call_failure() -> None:
+    ev = Decoder().decode(_record(layout.EV_GPU_CALL_FAIL, 9, 100))
+    assert ev == GpuCallFailure(
+        ts=5_000_000_000,
+        pid=4242,
+        tid=4243,
+        comm="pt_main_thread",
+        cgroup_id=777,
+        function="cuInit",
+        result=100,
+        requested_bytes=2 << 30,
+        failures=3,
+    )

@@ -43,7 +43,7 @@ pytestmark = [
 ]
 
 MiB = 1 << 20
-ALL_PROBED = ",".join((*libcuda.FREE_FUNCTIONS, *libcuda.ALLOC_FUNCTIONS))
+ALL_PROBED = ",".join((*libcuda.FREE_FUNCTIONS, *libcuda.ALLOC_FUNCTIONS, *libcuda.INIT_FUNCTIONS))
 
 
 @dataclass(frozen=True)
@@ -367,12 +367,17 @@ def test_aliases_are_probed_once_and_missing_entry_points_are_listed(
             "cuMemAllocFromPoolAsync",
             "cuMemAllocFromPoolAsync_ptsz",
             "cuMemCreate",
+            "cuCtxCreate_v3",
+            "cuCtxCreate_v4",
         ]
         assert res.probed == [
             "cuMemFree_v2",
             "cuMemAlloc_v2",
             "cuMemAllocManaged",
             "cuMemAllocPitch_v2",
+            "cuInit",
+            "cuDevicePrimaryCtxRetain",
+            "cuCtxCreate_v2",
         ]
         assert res.allocations_probed == 3
         # a call through the alias fires one program, not two: one failure, one record

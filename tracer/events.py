@@ -332,6 +332,23 @@ class GpuOomRecovered(Event, frozen=True, tag="gpu_oom_recovered"):
     failures: int  # failed allocations since the previous success
 
 
+class GpuCallFailure(Event, frozen=True, tag="gpu_call_fail"):
+    """A driver call of a watched process failed with something other than out of memory:
+    ``cuInit`` or context creation (CUDA could not start: no device 100, driver/runtime
+    mismatch 803, forward compatibility 804, unknown 999, ...) or an allocation refused for
+    another reason (not initialised 3, no context 201, ...). Caught at libcuda by a uretprobe;
+    only the first 64 failures of a process are sent (``failures`` counts them all so far)."""
+
+    pid: int
+    tid: int
+    comm: str
+    cgroup_id: int
+    function: str  # the driver entry point, e.g. cuInit
+    result: int  # the CUresult returned
+    requested_bytes: int  # allocations only; 0 for cuInit and contexts
+    failures: int  # this process's failing calls so far, this one included
+
+
 class GpuLibrary(Event, frozen=True, tag="gpu_lib"):
     """A watched process maps a CUDA driver library: it is a GPU user. Says which allocation
     entry points were probed, so a trace shows what could and could not be caught."""
@@ -486,6 +503,7 @@ _ALL: tuple[type[Event], ...] = (
     ProbeSample,
     GpuAllocFailure,
     GpuOomRecovered,
+    GpuCallFailure,
     GpuLibrary,
     GpuSample,
     GpuProcessSample,

@@ -309,7 +309,17 @@ class Recorder:
             for pid in watch.known_pids:
                 samplers.watch_pid(pid)
             # GPU evidence (tracer/gpu/side.py): its own BPF object and NVML, never fatal.
-            gpu = GpuSide(filter_all=t.all, memcg_v1=cg_layout.memory_version == 1)
+            gpu = GpuSide(
+                filter_all=t.all,
+                memcg_v1=cg_layout.memory_version == 1,
+                # the kernel's watched set: a new process is watched by the GPU programs from
+                # its fork, not ~10 ms later when its Fork event is decoded
+                shared_maps={
+                    "watched_pids": kernel.watched_pids.fd,
+                    "watched_cgroups": kernel.watched_cgroups.fd,
+                },
+                watch_cgroups=bool(kernel.config.watch_cgroups),
+            )
             gpu_source = GpuSource(gpu)
             opened.append(gpu_source)
             gpu.watch(watch.known_pids)
@@ -402,7 +412,7 @@ class Recorder:
             # Whatever went wrong, what was recorded stays replayable and says why it ended.
             reason = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"failed: {exc}"
             with contextlib.suppress(Exception):
-                footer = self._footer(pipeline, counters, reason, failed=True)
+                footer = self._footer(pipeline, counters, gpu, reason, failed=True)
                 pipeline.close_sinks(footer, complete=False)
             raise
         reason = self.stop.reason or "stopped"
@@ -410,7 +420,7 @@ class Recorder:
             reason += f"; the command was sent {signal.Signals(child.stop_signal).name}"
             if child.killed:
                 reason += ", then SIGKILL"
-        footer = self._footer(pipeline, counters, reason)
+        footer = self._footer(pipeline, counters, gpu, reason)
         pipeline.close_sinks(footer, complete=True)
         if self.status:
             status = self._status_line(time.monotonic() - started, pipeline, writer, counters)
@@ -431,7 +441,12 @@ class Recorder:
         )
 
     def _footer(
-        self, pipeline: Pipeline, counters: KernelCounters, reason: str, failed: bool = False
+        self,
+        pipeline: Pipeline,
+        counters: KernelCounters,
+        gpu: GpuSide,
+        reason: str,
+        failed: bool = False,
     ) -> TraceFooter:
         """The footer, the one place it is built: on success, and on failure (``reason`` then
         is why the run failed; it is also its last warning)."""
@@ -442,6 +457,8 @@ class Recorder:
             lost=counters.lost,
             warnings=[*warnings, reason] if failed else warnings,
             exit=reason,
+            # what holding processes for the GPU probes cost and missed (tracer/gpu/side.py)
+            extra={"gpu_holds": gpu.final_holds} if gpu.final_holds is not None else {},
         )
 
     def _loop(

@@ -44,3 +44,12 @@ def workload(out: Path) -> Path:
     path = out / "workload"
     _build(["-O1", "-o", str(path), str(HERE / "workload.c"), "-ldl"])
     return path
+
+
+def fast(out: Path, libcuda_dir: Path) -> Path:
+    """fast.c linked against the stand-in in ``libcuda_dir`` (DT_NEEDED libcuda.so.1): it runs
+    with LD_LIBRARY_PATH=libcuda_dir, as a user's program does."""
+    path = out / "fast"
+    src = str(HERE / "fast.c")
+    _build(["-O1", "-o", str(path), src, "-L", str(libcuda_dir), "-l:libcuda.so.1"])
+    return path

@@ -75,11 +75,59 @@ static CUresult fake_free(CUdeviceptr ptr)
 	return CUDA_ERROR_INVALID_VALUE;
 }
 
+/* FAKE_CUDA_INIT_RESULT: what cuInit and context creation return (default 0; a real driver on
+ * a machine without a device returns 100, CUDA_ERROR_NO_DEVICE) */
+static CUresult init_result(void)
+{
+	const char *s = getenv("FAKE_CUDA_INIT_RESULT");
+
+	return s ? (CUresult)strtol(s, NULL, 10) : CUDA_SUCCESS;
+}
+
 CUresult cuInit(unsigned int flags)
 {
 	(void)flags;
-	return CUDA_SUCCESS;
+	return init_result();
 }
+
+typedef struct CUctx_st *CUcontext;
+typedef int CUdevice;
+
+CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+{
+	(void)dev;
+	*pctx = NULL;
+	return init_result();
+}
+
+CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+	(void)flags;
+	(void)dev;
+	*pctx = NULL;
+	return init_result();
+}
+
+#ifndef FAKE_CUDA_OLD_DRIVER
+CUresult cuCtxCreate_v3(CUcontext *pctx, void *params, int n, unsigned int flags, CUdevice dev)
+{
+	(void)params;
+	(void)n;
+	(void)flags;
+	(void)dev;
+	*pctx = NULL;
+	return init_result();
+}
+
+CUresult cuCtxCreate_v4(CUcontext *pctx, void *params, unsigned int flags, CUdevice dev)
+{
+	(void)params;
+	(void)flags;
+	(void)dev;
+	*pctx = NULL;
+	return init_result();
+}
+#endif
 
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {

@@ -17,6 +17,9 @@ The rules (DESIGN.md, "Verdicts"):
   (``GpuOomRecovered``), never a verdict: the exit is ``app_exit``, with the recovery noted.
 * Xid 31 and 43 are faults of the application's own GPU code: an exit after one that names this
   process is ``app_exit`` with the fault named, never an OOM.
+* CUDA could not start: ``cuInit`` or context creation failed (no device 100, driver mismatch
+  803, forward compatibility 804, unknown 999, ...). The exit stays ``app_exit`` (the process
+  gave up on its own), with the failure named in the summary, the evidence and the advice.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from tracer.events import (
     Event,
     Exit,
     GpuAllocFailure,
+    GpuCallFailure,
     GpuLibrary,
     GpuLost,
     GpuOomRecovered,
@@ -37,7 +41,8 @@ from tracer.events import (
     GpuSample,
     GpuXid,
 )
-from tracer.gpu.libcuda import ALLOC_FUNCTIONS
+from tracer.gpu import curesult
+from tracer.gpu.libcuda import ALLOC_FUNCTIONS, INIT_FUNCTIONS
 from tracer.gpu.xid import APP_FAULT_XIDS, DEVICE_LOST_XIDS, xid_meaning
 
 __all__ = ["Finding", "GpuFacts", "GpuStore", "describe_event", "facts", "judge"]
@@ -56,6 +61,8 @@ class _PidGpu:
     failures: deque[GpuAllocFailure] = field(default_factory=lambda: deque(maxlen=PER_PID))
     recovered: deque[GpuOomRecovered] = field(default_factory=lambda: deque(maxlen=PER_PID))
     samples: deque[GpuProcessSample] = field(default_factory=lambda: deque(maxlen=64))
+    # the kernel sends a process's first 64 failing calls: all of them fit
+    calls: deque[GpuCallFailure] = field(default_factory=lambda: deque(maxlen=64))
     user_since: int | None = None  # first sign that it uses a GPU
 
 
@@ -88,6 +95,7 @@ class GpuStore:
     KINDS: tuple[type[Event], ...] = (
         GpuAllocFailure,
         GpuOomRecovered,
+        GpuCallFailure,
         GpuLibrary,
         GpuProcessSample,
         GpuXid,
@@ -101,6 +109,8 @@ class GpuStore:
             self._user(ev.pid, ev.ts).failures.append(ev)
         elif isinstance(ev, GpuOomRecovered):
             self._user(ev.pid, ev.ts).recovered.append(ev)
+        elif isinstance(ev, GpuCallFailure):
+            self._user(ev.pid, ev.ts).calls.append(ev)
         elif isinstance(ev, GpuLibrary):
             self._user(ev.pid, ev.ts)
         elif isinstance(ev, GpuProcessSample):
@@ -125,8 +135,9 @@ class GpuStore:
         p.failures = deque((e for e in p.failures if e.ts > until), maxlen=PER_PID)
         p.recovered = deque((e for e in p.recovered if e.ts > until), maxlen=PER_PID)
         p.samples = deque((e for e in p.samples if e.ts > until), maxlen=64)
+        p.calls = deque((e for e in p.calls if e.ts > until), maxlen=64)
         p.user_since = None
-        if not (p.failures or p.recovered or p.samples):
+        if not (p.failures or p.recovered or p.samples or p.calls):
             del self.by_pid[pid]
 
     def seen(self) -> bool:
@@ -140,6 +151,8 @@ class GpuStore:
                 p.failures.popleft()
             while p.recovered and p.recovered[0].ts < horizon:
                 p.recovered.popleft()
+            while p.calls and p.calls[0].ts < horizon:
+                p.calls.popleft()
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +162,7 @@ class GpuFacts:
     user: bool  # the process used a GPU (mapped libcuda, NVML listed it, allocated, was named)
     failures: tuple[GpuAllocFailure, ...]  # from its start (or the history window) to its exit
     recovered: tuple[GpuOomRecovered, ...]
+    calls: tuple[GpuCallFailure, ...]  # other failing driver calls (cuInit, contexts, ...)
     device_down: tuple[GpuXid | GpuLost, ...]  # lost / reset / Xid 79 around the exit
     app_faults: tuple[GpuXid, ...]  # Xid 31/43 naming this process
     device: GpuSample | None  # NVML's last reading of its device before the last failure
@@ -159,6 +173,7 @@ def facts(store: GpuStore, ex: Exit, since: int) -> GpuFacts:
     p = store.by_pid.get(ex.pid) or _PidGpu()
     failures = tuple(e for e in p.failures if since <= e.ts <= ex.ts)
     recovered = tuple(e for e in p.recovered if since <= e.ts <= ex.ts)
+    calls = tuple(e for e in p.calls if since <= e.ts <= ex.ts)
     indices = {s.index for s in p.samples}
     lo, hi = ex.ts - RESET_WINDOW_NS, ex.ts + AFTER_EXIT_NS
     # every GPU this recording knows of (NVML's devices, the process's own): a report that
@@ -192,9 +207,10 @@ def facts(store: GpuStore, ex: Exit, since: int) -> GpuFacts:
         if index is not None:
             device = next((s for s in reversed(store.devices.get(index, ())) if s.ts <= at), None)
     return GpuFacts(
-        user=p.user_since is not None or bool(failures or recovered),
+        user=p.user_since is not None or bool(failures or recovered or calls),
         failures=failures,
         recovered=recovered,
+        calls=calls,
         device_down=tuple(sorted(down, key=lambda e: e.ts)),
         app_faults=faults,
         device=device,
@@ -250,12 +266,17 @@ def judge(
     named = any(isinstance(e, GpuXid) and e.pid == ex.pid for e in f.device_down)
     if f.device_down and (f.user or named) and not clean:
         return _device_reset(f, ex, exit_ev, crash)
+    starts = [c for c in f.calls if c.function in INIT_FUNCTIONS]
     if clean:
         if f.failures:
             return _recovered(f, ex, exit_ev)
+        if starts:
+            return _no_cuda(f, starts[0], ex, exit_ev, crash)
         return None
     if f.failures and own_doing:
         return _gpu_oom(f, ex, exit_ev, crash)
+    if starts and own_doing:
+        return _no_cuda(f, starts[0], ex, exit_ev, crash)
     if f.app_faults and own_doing:
         x = f.app_faults[-1]
         return Finding(
@@ -352,9 +373,13 @@ def _gpu_oom(f: GpuFacts, ex: Exit, exit_ev: tuple[int, str], crash: str | None)
         rest = f.device.used_bytes - f.own.used_bytes
         if rest > 0:
             others = f"; other processes held {fmt_bytes(rest)} of that GPU"
+    held = (
+        f"it held up to {fmt_bytes(peak)} and asked for {fmt_bytes(last.requested_bytes)} more"
+        if peak
+        else f"it asked for {fmt_bytes(last.requested_bytes)} before holding any"
+    )
     advice = (
-        f"it held up to {fmt_bytes(peak)} and asked for {fmt_bytes(last.requested_bytes)} "
-        f"more{others}: lower the batch size or sequence length, cap the framework's cache "
+        f"{held}{others}: lower the batch size or sequence length, cap the framework's cache "
         "(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against fragmentation), or give it "
         "a larger GPU or one of its own"
     )
@@ -368,6 +393,35 @@ def _gpu_oom(f: GpuFacts, ex: Exit, exit_ev: tuple[int, str], crash: str | None)
         peak_bytes=peak,
         limit_bytes=total,
         usage_bytes=used,
+    )
+
+
+def _describe_call(e: GpuCallFailure) -> str:
+    size = f" of {fmt_bytes(e.requested_bytes)}" if e.requested_bytes else ""
+    return f"[uprobe] {e.function}{size} returned {curesult.name(e.result)} ({e.result})"
+
+
+def _no_cuda(
+    f: GpuFacts, first: GpuCallFailure, ex: Exit, exit_ev: tuple[int, str], crash: str | None
+) -> Finding:
+    """CUDA could not start: the first failing cuInit / context creation is the cause (later
+    failures, e.g. CUDA_ERROR_NOT_INITIALIZED from allocations, follow from it)."""
+    shown = f.calls[-8:]
+    evidence = [(e.ts, _describe_call(e)) for e in shown]
+    if first not in shown:
+        evidence.insert(0, (first.ts, _describe_call(first)))
+    total = max(len(f.calls), f.calls[-1].failures)
+    if total > len(evidence):
+        evidence.insert(0, (f.calls[0].ts, f"... {total} failing driver calls in all"))
+    clean = ex.wait.signal is None and ex.wait.code == 0
+    then = "exited with code 0: it ran without the GPU" if clean else _ending(ex, crash)
+    return Finding(
+        cause="app_exit",
+        confidence="high",
+        summary=f"CUDA could not initialise: {curesult.name(first.result)} ({first.function} "
+        f"returned {first.result}), then it {then}",
+        advice=curesult.advice(first.result),
+        evidence=tuple(sorted([*evidence, exit_ev])),
     )
 
 
@@ -408,6 +462,12 @@ def describe_event(ev: Event) -> str | None:
         return (
             f"gpu     pid {ev.pid} ({ev.comm}) recovered GPU OOM: {ev.function} of "
             f"{fmt_bytes(ev.requested_bytes)} succeeded after {_failures(ev.failures)} [uprobe]"
+        )
+    if isinstance(ev, GpuCallFailure):
+        size = f" of {fmt_bytes(ev.requested_bytes)}" if ev.requested_bytes else ""
+        return (
+            f"gpu     pid {ev.pid} ({ev.comm}) {ev.function}{size}: "
+            f"{curesult.name(ev.result)} ({ev.result}) [uprobe]"
         )
     if isinstance(ev, GpuLibrary):
         if ev.error and not ev.probed:

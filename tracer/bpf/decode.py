@@ -20,6 +20,7 @@ from tracer.events import (
     Exit,
     Fork,
     GpuAllocFailure,
+    GpuCallFailure,
     GpuOomRecovered,
     OomKill,
     ReclaimStall,
@@ -65,6 +66,7 @@ class Decoder:
             layout.EV_CGROUP_MKDIR: (_MKDIR.size, self._mkdir),
             layout.EV_GPU_ALLOC_FAIL: (_GPU_ALLOC.size, self._gpu_alloc_fail),
             layout.EV_GPU_ALLOC_RECOVERED: (_GPU_ALLOC.size, self._gpu_alloc_recovered),
+            layout.EV_GPU_CALL_FAIL: (_GPU_ALLOC.size, self._gpu_call_fail),
         }
 
     def decode(self, raw: bytes) -> Event | None:
@@ -171,6 +173,12 @@ class Decoder:
     def _gpu_alloc_recovered(raw: bytes) -> Event:
         fields, _result = _gpu_alloc_fields(raw)
         return GpuOomRecovered(**fields)
+
+    @staticmethod
+    def _gpu_call_fail(raw: bytes) -> Event:
+        fields, result = _gpu_alloc_fields(raw)
+        del fields["held_bytes"], fields["peak_bytes"]
+        return GpuCallFailure(**fields, result=result)
 
     @staticmethod
     def _mkdir(raw: bytes) -> Event:

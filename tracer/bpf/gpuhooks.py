@@ -1,20 +1,25 @@
-"""The loader of bpf/gpu.bpf.o: uprobes on CUDA driver libraries, and the object's maps.
+"""The loader of bpf/gpu.bpf.o: uprobes on CUDA driver libraries, the hold of processes that
+open an unprobed one, and the object's maps.
 
 A second object beside the main one (``tracer.bpf.hooks.KernelHooks``), through the same libbpf
 wrapper: nothing here can keep the main hooks from loading. Libraries are attached one file at
 a time, for every process (pid -1): the kernel keys uprobes by inode, so a library is attached
-once however many processes map it, and the programs filter on ``gpu_watched``.
+once however many processes map it, and the programs filter on the watched set. That set is the
+main object's own maps when their descriptors are given (``shared``): a process is watched here
+from the fork the kernel saw, not from when user space decodes it.
 
 Per entry point, the return probe is attached before the entry probe and a pair is attached
 all or nothing; frees are attached before allocations, so that no allocation the probes saw
-can be freed unseen.
+can be freed unseen. Init entry points (cuInit, contexts) have a return probe only.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import mmap
 import os
+import threading
 from dataclasses import dataclass, field
 
 from tracer.bpf import layout
@@ -28,9 +33,10 @@ DEFAULT_OBJECT = os.path.join(
     "gpu.bpf.o",
 )
 
-# entry point -> (entry program, return program or None for frees); frees first (they are
-# attached first). tracer.gpu.libcuda lists the same entry points (a test holds them equal).
-PROGRAMS: dict[str, tuple[str, str | None]] = {
+# entry point -> (entry program or None, return program or None): frees (entry only) first
+# (they are attached first), then allocations (both), then CUDA starting (return only).
+# tracer.gpu.libcuda lists the same entry points (a test holds them equal).
+PROGRAMS: dict[str, tuple[str | None, str | None]] = {
     "cuMemFree_v2": ("mem_free", None),
     "cuMemFreeAsync": ("mem_free_async", None),
     "cuMemFreeAsync_ptsz": ("mem_free_async_ptsz", None),
@@ -43,7 +49,21 @@ PROGRAMS: dict[str, tuple[str, str | None]] = {
     "cuMemAllocFromPoolAsync": ("mem_alloc_pool", "mem_alloc_pool_ret"),
     "cuMemAllocFromPoolAsync_ptsz": ("mem_alloc_pool_ptsz", "mem_alloc_pool_ptsz_ret"),
     "cuMemCreate": ("mem_create", "mem_create_ret"),
+    "cuInit": (None, "init_ret"),
+    "cuDevicePrimaryCtxRetain": (None, "primary_ctx_retain_ret"),
+    "cuCtxCreate_v2": (None, "ctx_create_ret"),
+    "cuCtxCreate_v3": (None, "ctx_create_v3_ret"),
+    "cuCtxCreate_v4": (None, "ctx_create_v4_ret"),
 }
+
+# The syscall exits where a process that opened an unprobed libcuda is stopped (gpu.bpf.c).
+HOLD_PROGRAMS = ("hold_openat", "hold_open", "hold_openat2")
+# The main object's maps this one shares (same definitions in both objects).
+SHARED_MAPS = ("watched_pids", "watched_cgroups")
+
+
+class _U32Key(ctypes.Structure):
+    _fields_ = [("v", ctypes.c_uint32)]
 
 
 def object_path() -> str:
@@ -63,18 +83,28 @@ class AttachedLibrary:
 
     @property
     def allocations_probed(self) -> int:
-        return sum(1 for f in self.probed if PROGRAMS[f][1] is not None)
+        return sum(1 for f in self.probed if None not in PROGRAMS[f])
 
 
 class GpuHooks:
     """gpu.bpf.o loaded, with the libraries attached so far; the only owner of its links."""
 
-    def __init__(self, config: layout.WrGpuConfig, path: str | None = None) -> None:
+    def __init__(
+        self,
+        config: layout.WrGpuConfig,
+        path: str | None = None,
+        shared: dict[str, int] | None = None,
+    ) -> None:
+        """``shared``: map name (one of SHARED_MAPS) -> the main object's descriptor of it."""
         self.path = path or object_path()
         self.config = config
+        self.shared = dict(shared or {})
         self._links: list[Link] = []
+        self._hold_links: list[Link] = []
         self.obj = BpfObject(self.path)
         try:
+            for name, fd in self.shared.items():
+                self.obj.map(name).reuse_fd(fd)
             rodata = self.obj.map(".rodata").initial_value()
             want = ctypes.sizeof(config)
             if len(rodata) < want:
@@ -85,8 +115,12 @@ class GpuHooks:
             self.obj.close()
             raise
         self.events: Map = self.obj.map("gpu_events")
-        self.watched: Map = self.obj.map("gpu_watched")
+        self.watched: Map = self.obj.map("watched_pids")
         self.lost: Map = self.obj.map("gpu_lost")
+        self.held_map: Map = self.obj.map("gpu_held")
+        self.probed_files: Map = self.obj.map("gpu_probed_files")
+        self.hold_on: Map = self.obj.map("gpu_hold_on")
+        self.hold_counts: Map = self.obj.map("gpu_hold_counts")
         self.stats_map: Map = self.obj.map("gpu_stats")
         self.live: Map = self.obj.map("gpu_live")
 
@@ -113,7 +147,8 @@ class GpuHooks:
             try:
                 if ret is not None:
                     links.append(self.obj.program(ret).attach_uprobe(path, off, retprobe=True))
-                links.append(self.obj.program(entry).attach_uprobe(path, off, retprobe=False))
+                if entry is not None:
+                    links.append(self.obj.program(entry).attach_uprobe(path, off, retprobe=False))
             except BpfError as exc:
                 for link in links:
                     link.destroy()
@@ -123,14 +158,60 @@ class GpuHooks:
             res.probed.append(func)
         return res
 
+    # -- holds ------------------------------------------------------------------------------
+
+    def enable_holds(self) -> list[str]:
+        """Attach the syscall-exit programs and switch holding on; what failed to attach (holding
+        is on if any attached: openat is the one glibc uses)."""
+        errors: list[str] = []
+        for name in HOLD_PROGRAMS:
+            try:
+                self._hold_links.append(self.obj.program(name).attach())
+            except BpfError as exc:
+                errors.append(exc.message)
+        if self._hold_links:
+            self.hold_on.update(ctypes.c_uint32(0), ctypes.c_uint32(1))
+        return errors
+
+    def disable_holds(self) -> None:
+        """No new hold from here on (the ones taken are still in ``held``)."""
+        self.hold_on.update(ctypes.c_uint32(0), ctypes.c_uint32(0))
+        for link in self._hold_links:
+            link.destroy()
+        self._hold_links.clear()
+
+    def held(self) -> list[tuple[int, layout.WrGpuHold]]:
+        out: list[tuple[int, layout.WrGpuHold]] = []
+        for key in self.held_map.keys(_U32Key):
+            assert isinstance(key, _U32Key)
+            hold = layout.WrGpuHold()
+            if self.held_map.lookup(ctypes.c_uint32(key.v), hold):
+                out.append((key.v, hold))
+        return out
+
+    def release(self, pid: int) -> None:
+        """Forget a hold (after the process was resumed)."""
+        with contextlib.suppress(BpfError):
+            self.held_map.delete(ctypes.c_uint32(pid))
+
+    def mark_probed(self, dev: int, ino: int) -> None:
+        """No more holds for this file (as the kernel names it: a hold's ``file``)."""
+        self.probed_files.update(layout.WrGpuFile(dev=dev, ino=ino), ctypes.c_uint8(1))
+
+    def hold_counts_now(self) -> tuple[int, int]:
+        """(holds taken, holds that could not be taken) so far."""
+        return self.hold_counts.percpu_sum_u64(0), self.hold_counts.percpu_sum_u64(1)
+
     # -- maps -------------------------------------------------------------------------------
 
     def watch_pid(self, pid: int) -> None:
         self.watched.update(ctypes.c_uint32(pid), ctypes.c_uint8(1))
 
     def forget_pid(self, pid: int) -> None:
-        """A process ended: stop watching its pid (it may be reused) and drop its bookkeeping."""
-        self.watched.delete(ctypes.c_uint32(pid))
+        """A process ended: stop watching its pid (it may be reused) and drop its bookkeeping.
+        The pid filter is left alone when it is the main object's (it forgets exits itself)."""
+        if "watched_pids" not in self.shared:
+            self.watched.delete(ctypes.c_uint32(pid))
         if self.stats(pid) is None:
             return
         self.stats_map.delete(ctypes.c_uint32(pid))
@@ -147,9 +228,17 @@ class GpuHooks:
         return self.lost.percpu_sum_u64(0)
 
     def close(self) -> None:
-        for link in self._links:
-            link.destroy()
+        links = self._hold_links + self._links
+        self._hold_links.clear()
         self._links.clear()
+        # Detaching a uprobe waits for an RCU grace period (~80 ms here): 40 links one after
+        # the other held the recorder's exit for 3 s. Threads (ctypes lets go of the GIL)
+        # detach them at once, and the waits overlap.
+        threads = [threading.Thread(target=link.destroy) for link in links]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
         self.obj.close()
 
 

@@ -124,7 +124,7 @@ class WrConfig(ctypes.Structure):
 
 # --- GPU: bpf/gpu.bpf.c, a separate object (its records share WrHdr) --------------------------
 
-EV_GPU_ALLOC_FAIL, EV_GPU_ALLOC_RECOVERED = 16, 17
+EV_GPU_ALLOC_FAIL, EV_GPU_ALLOC_RECOVERED, EV_GPU_CALL_FAIL = 16, 17, 18
 RUNG_UPROBE = 5  # WR_RUNG_UPROBE: the hdr.rung of gpu.bpf.o's records
 RUNG_NAMES[RUNG_UPROBE] = "uprobe"
 
@@ -138,6 +138,11 @@ GPU_FUNCS = {
     6: "cuMemAllocFromPoolAsync",
     7: "cuMemAllocFromPoolAsync_ptsz",
     8: "cuMemCreate",
+    9: "cuInit",
+    10: "cuDevicePrimaryCtxRetain",
+    11: "cuCtxCreate_v2",
+    12: "cuCtxCreate_v3",
+    13: "cuCtxCreate_v4",
 }
 
 
@@ -161,6 +166,7 @@ class WrGpuStats(ctypes.Structure):
         ("failures", u64),
         ("pending", u64),
         ("untracked", u64),
+        ("call_failures", u64),
     ]
 
 
@@ -168,8 +174,21 @@ class WrGpuLiveKey(ctypes.Structure):
     _fields_ = [("tgid", u32), ("_pad", u32), ("ptr", u64)]
 
 
+class WrGpuFile(ctypes.Structure):
+    _fields_ = [("dev", u64), ("ino", u64)]
+
+
+class WrGpuHold(ctypes.Structure):
+    _fields_ = [("file", WrGpuFile), ("ts_ns", u64), ("fd", s32), ("_pad", u32)]
+
+
 class WrGpuConfig(ctypes.Structure):
-    _fields_ = [("filter_all", u32), ("memcg_v1", u32), ("self_tgid", u32), ("_pad", u32)]
+    _fields_ = [
+        ("filter_all", u32),
+        ("memcg_v1", u32),
+        ("self_tgid", u32),
+        ("watch_cgroups", u32),
+    ]
 
 
 # C struct name -> mirror, for the layout test.
@@ -193,6 +212,8 @@ GPU_STRUCTS: dict[str, type[ctypes.Structure]] = {
     "wr_gpu_alloc": WrGpuAlloc,
     "wr_gpu_stats": WrGpuStats,
     "wr_gpu_live_key": WrGpuLiveKey,
+    "wr_gpu_file": WrGpuFile,
+    "wr_gpu_hold": WrGpuHold,
     "wr_gpu_config": WrGpuConfig,
 }
 STRUCTS.update(GPU_STRUCTS)

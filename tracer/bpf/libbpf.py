@@ -100,6 +100,7 @@ class _Lib:
             "bpf_program__set_attach_target": (c_int, [c_void_p, c_int, c_char_p]),
             "bpf_link__destroy": (c_int, [c_void_p]),
             "bpf_map__fd": (c_int, [c_void_p]),
+            "bpf_map__reuse_fd": (c_int, [c_void_p, c_int]),
             "bpf_map__initial_value": (c_void_p, [c_void_p, ctypes.POINTER(c_size_t)]),
             "bpf_map__update_elem": (
                 c_int,
@@ -240,6 +241,13 @@ class Map:
     @property
     def fd(self) -> int:
         return int(lib().dll.bpf_map__fd(self.ptr))
+
+    def reuse_fd(self, fd: int) -> None:
+        """Before load: use the already created map ``fd`` (another object's) instead of
+        creating one; libbpf refuses a map of another type, size or key/value size."""
+        rc = lib().dll.bpf_map__reuse_fd(self.ptr, fd)
+        if rc < 0:
+            raise BpfError(f"sharing map {self.name}", -rc)
 
     def initial_value(self) -> ctypes.Array[ctypes.c_char]:
         """The writable, pre-load contents of a global-data map (.rodata, .bss, .data)."""

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 __all__ = [
     "ALLOC_FUNCTIONS",
     "FREE_FUNCTIONS",
+    "INIT_FUNCTIONS",
     "Mapping",
     "attach_path",
     "host_libraries",
@@ -45,6 +46,15 @@ ALLOC_FUNCTIONS = (
     "cuMemCreate",
 )
 FREE_FUNCTIONS = ("cuMemFree_v2", "cuMemFreeAsync", "cuMemFreeAsync_ptsz", "cuMemRelease")
+# CUDA starting: their failures (no device, driver/runtime mismatch) say why a program that
+# never allocated could not use the GPU. cuDevicePrimaryCtxRetain is the CUDA runtime's context.
+INIT_FUNCTIONS = (
+    "cuInit",
+    "cuDevicePrimaryCtxRetain",
+    "cuCtxCreate_v2",
+    "cuCtxCreate_v3",
+    "cuCtxCreate_v4",
+)
 
 # libcuda.so.1 is a symlink to libcuda.so.<driver version>; a process maps the target.
 _LIBCUDA_RE = re.compile(r"(?:^|/)libcuda\.so(?:\.[0-9]+)*$")

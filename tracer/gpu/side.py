@@ -8,6 +8,11 @@ once, starts the NVML sampler (``tracer.gpu.nvml``), and then, from the recorder
 * looks into /proc/PID/maps of watched processes for a libcuda they map (each new process at
   once, the others every second, a bounded number per call so a fork storm cannot stall the
   loop) and probes every library file once: a GPU process is covered from then on;
+* resumes the processes the kernel held because they opened a libcuda file nobody probed yet
+  (``LD_LIBRARY_PATH``, a conda environment, a container's compat directory), once that file is
+  probed: their first driver call is caught however soon it comes. A guard process
+  (``tracer.gpu.holdguard``) resumes them if this process dies, and ends holds that last longer
+  than its bound;
 * hands back, from ``poll``, the GPU object's ring-buffer records, NVML's samples and events,
   and one ``GpuLibrary`` event per process that maps a driver library;
 * turns the driver's kernel-log lines into Xid and lost-GPU events (``from_kmsg``).
@@ -21,6 +26,9 @@ from __future__ import annotations
 import bisect
 import contextlib
 import os
+import signal
+import subprocess
+import sys
 from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -37,11 +45,12 @@ from tracer.events import (
     Exit,
     Fork,
     GpuAllocFailure,
+    GpuCallFailure,
     GpuLibrary,
     GpuOomRecovered,
     Lost,
 )
-from tracer.gpu import libcuda, xid
+from tracer.gpu import holdguard, libcuda, xid
 from tracer.gpu.nvml import DEFAULT_INTERVAL_S, Clock, GpuSampler, open_nvml
 from tracer.parse.kmsg import KmsgRecord
 
@@ -70,8 +79,16 @@ class GpuSide:
         attach_host: bool = True,
         proc: str = "/proc",
         clock: Clock = boottime_ns,
+        shared_maps: dict[str, int] | None = None,
+        watch_cgroups: bool = False,
+        hold: bool = True,
     ) -> None:
+        """``shared_maps``: the main object's watched_pids / watched_cgroups descriptors (the
+        GPU programs then watch exactly what it watches, from the fork on); without them this
+        side fills its own pid filter from ``watch``/``track``. ``hold``: stop processes that
+        open an unprobed libcuda until it is probed."""
         self.filter_all = filter_all
+        self.shared = dict(shared_maps or {})
         self.proc = proc
         self.clock = clock
         self.warnings: list[str] = []
@@ -79,13 +96,26 @@ class GpuSide:
         self.hooks: GpuHooks | None = None
         self.hooks_error: str | None = None
         self._rb: RingBuffer | None = None
+        config = layout.WrGpuConfig(
+            filter_all=int(filter_all),
+            memcg_v1=int(memcg_v1),
+            self_tgid=os.getpid(),
+            watch_cgroups=int(watch_cgroups),
+        )
         try:
-            self.hooks = GpuHooks(
-                layout.WrGpuConfig(
-                    filter_all=int(filter_all), memcg_v1=int(memcg_v1), self_tgid=os.getpid()
-                ),
-                object_path,
-            )
+            try:
+                self.hooks = GpuHooks(config, object_path, self.shared)
+            except WhyrestartError as exc:
+                if not self.shared:
+                    raise
+                # the two objects' map definitions drifted apart: watch with our own filter
+                self.warnings.append(
+                    f"the GPU probes cannot share the main object's watched set ({exc.message}): "
+                    "a new process is watched by them only once its fork is decoded (~10 ms)"
+                )
+                self.shared = {}
+                config.watch_cgroups = 0
+                self.hooks = GpuHooks(config, object_path)
             self._rb = RingBuffer(self.hooks.events)
         except WhyrestartError as exc:
             self.hooks_error = exc.message
@@ -102,6 +132,17 @@ class GpuSide:
         if self.hooks is not None and attach_host:
             for path in libcuda.host_libraries():
                 self._host[path] = self._attach_file(path, path)
+        # holds: the guard, and what they cost
+        self._guard: subprocess.Popen[bytes] | None = None
+        self._guard_pipe: int | None = None
+        self.hold_error: str | None = None
+        self.holds_resumed = 0
+        self.hold_max_ns = 0
+        self.hold_total_ns = 0
+        self.final_holds: dict[str, Any] | None = None  # hold_summary() at close
+        self._held_events: list[Event] = []  # from resume_held, for the next poll
+        if self.hooks is not None and hold:
+            self._start_holding()
         library = nvml_library or os.environ.get("WHYRESTART_NVML_LIBRARY") or None
         self.nvml: GpuSampler = open_nvml(nvml_interval_s, library, clock)
         self.nvml.set_pids(None if filter_all else frozenset())
@@ -136,6 +177,12 @@ class GpuSide:
         out: dict[str, Any] = {
             "uprobes": "ready" if self.hooks is not None else f"unavailable: {self.hooks_error}",
             "host_libcuda": dict(self._host) or "none found",
+            "hold": (
+                "ready"
+                if self._guard_pipe is not None
+                else f"unavailable: {self.hold_error or 'no uprobes'}"
+            ),
+            "pid_filter": "shared" if "watched_pids" in self.shared else "own",
         }
         out.update(self.nvml.describe())
         return out
@@ -160,7 +207,7 @@ class GpuSide:
                 self._watch(ev.pid)
             elif isinstance(ev, Exit):
                 self._forget(ev.pid)
-            elif isinstance(ev, GpuAllocFailure | GpuOomRecovered):
+            elif isinstance(ev, GpuAllocFailure | GpuOomRecovered | GpuCallFailure):
                 self._gpu_pids.add(ev.pid)
 
     def _watch(self, pid: int) -> None:
@@ -169,7 +216,7 @@ class GpuSide:
         self._watched.add(pid)
         self._pids_dirty = True
         self._enqueue(pid)
-        if self.hooks is not None and not self.filter_all:
+        if self.hooks is not None and not self.filter_all and "watched_pids" not in self.shared:
             try:
                 self.hooks.watch_pid(pid)
             except WhyrestartError as exc:
@@ -197,7 +244,11 @@ class GpuSide:
 
     def poll(self, now_ns: int, final: bool = False) -> list[Event]:
         """Everything new since the last call. ``final``: the last drain, no more scanning."""
-        out: list[Event] = []
+        out, self._held_events = self._held_events, []
+        if self._guard is not None and self._guard.poll() is not None:
+            self._guard = None  # the guard's parent exited (it forks the guard): reaped
+        if self._guard_pipe is not None:
+            out += self._resume_held(now_ns)
         if self._rb is not None and self.hooks is not None:
             out += self.decoder.decode_batch(self._rb.drain(0))
             lost = self.hooks.lost_count()
@@ -214,6 +265,118 @@ class GpuSide:
                     self._pids_dirty = False
             out += self._scan(now_ns)
         return out
+
+    # -- holds ------------------------------------------------------------------------------
+
+    def _start_holding(self) -> None:
+        """Start the guard, then let the kernel hold: never a hold nobody can end."""
+        assert self.hooks is not None
+        map_fd = self.hooks.held_map.fd
+        r, w = os.pipe()  # both ends close on exec: only the guard gets the read end
+        try:
+            self._guard = subprocess.Popen(
+                [sys.executable, "-I", "-S", holdguard.__file__, str(map_fd), str(r)],
+                pass_fds=(map_fd, r),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            os.close(w)
+            self.hold_error = f"starting the hold guard: {exc.strerror}"
+            self.warnings.append(
+                f"processes that load libcuda from an unprobed path are not held: "
+                f"{self.hold_error}; their first driver calls may be missed"
+            )
+            return
+        finally:
+            os.close(r)
+        self._guard_pipe = w
+        errors = self.hooks.enable_holds()
+        if errors and len(errors) == 3:
+            self.hold_error = "; ".join(errors)
+            self._stop_guard()
+            self.warnings.append(
+                "processes that load libcuda from an unprobed path are not held "
+                f"({self.hold_error}): their first driver calls may be missed"
+            )
+
+    def resume_held(self, now_ns: int) -> None:
+        """Resume held processes now, without handing events over (the caller is behind):
+        their ``GpuLibrary`` events come out of the next ``poll``."""
+        if self._guard_pipe is not None:
+            self._held_events += self._resume_held(now_ns)
+
+    def _resume_held(self, now_ns: int) -> list[Event]:
+        """Probe the file each held process opened, then resume it (SIGCONT, then forget the
+        hold: the guard resumes whatever is left if we die in between)."""
+        assert self.hooks is not None
+        out: list[Event] = []
+        try:
+            held = self.hooks.held()
+        except WhyrestartError:
+            return out
+        for pid, h in held:
+            fd_path = f"{self.proc}/{pid}/fd/{h.fd}"
+            try:
+                shown = os.readlink(fd_path)
+            except OSError:
+                shown = fd_path
+            res = self._attach_file_once(fd_path, shown)
+            with contextlib.suppress(WhyrestartError):
+                self.hooks.mark_probed(h.file.dev, h.file.ino)
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGCONT)
+            self.hooks.release(pid)
+            took = max(0, self.clock() - h.ts_ns)
+            self.holds_resumed += 1
+            self.hold_total_ns += took
+            self.hold_max_ns = max(self.hold_max_ns, took)
+            if pid in self._covered:
+                continue
+            self._covered[pid] = now_ns
+            self._gpu_pids.add(pid)
+            aliases = [f"{a}={b}" for a, b in res.aliases.items()]
+            out.append(
+                GpuLibrary(
+                    ts=now_ns,
+                    pid=pid,
+                    path=shown,
+                    probed=",".join(res.probed + aliases),
+                    missing=",".join(res.missing),
+                    error="; ".join(res.errors),
+                )
+            )
+        return out
+
+    def hold_summary(self) -> dict[str, Any]:
+        """What holding cost and missed, for the trace footer."""
+        taken = refused = 0
+        if self.hooks is not None:
+            with contextlib.suppress(WhyrestartError):
+                taken, refused = self.hooks.hold_counts_now()
+        return {
+            "taken": taken,
+            "not_taken": refused,
+            "resumed_by_recorder": self.holds_resumed,
+            "max_ms": round(self.hold_max_ns / 1e6, 3),
+            "mean_ms": round(self.hold_total_ns / 1e6 / self.holds_resumed, 3)
+            if self.holds_resumed
+            else 0.0,
+        }
+
+    def _stop_guard(self) -> None:
+        if self._guard_pipe is not None:
+            os.close(self._guard_pipe)  # end of file: the guard resumes what is left, exits
+            self._guard_pipe = None
+        if self._guard is not None:
+            # the process started is the guard's parent, which exited as soon as it forked the
+            # guard; the guard itself looks again for a second (a hold racing the close) and
+            # nobody needs to wait for that
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._guard.wait(timeout=5)
+            self._guard = None
 
     def from_kmsg(self, rec: KmsgRecord, ts: int) -> list[Event]:
         ev = xid.event_from_kmsg(rec, ts)
@@ -277,22 +440,42 @@ class GpuSide:
         self._libraries[m.key] = res
         return res
 
-    def _attach_file(self, path: str, shown_as: str) -> str:
-        """Probe a library file by path (the host's own), once; a one-line summary."""
+    def _attach_file_once(self, path: str, shown_as: str) -> AttachedLibrary:
+        """Probe a library file by path, once per file (by st_dev and inode)."""
         try:
             st = os.stat(path)
         except OSError as exc:
-            return f"not probed: {exc.strerror}"
+            return AttachedLibrary(shown_as, errors=[f"{shown_as}: {exc.strerror}"])
         key = (st.st_dev, st.st_ino)
         res = self._libraries.get(key)
         if res is None:
             assert self.hooks is not None
             res = self._libraries[key] = self.hooks.attach_library(path, shown_as)
+        return res
+
+    def _attach_file(self, path: str, shown_as: str) -> str:
+        """Probe a library file by path (the host's own), once; a one-line summary."""
+        try:
+            os.stat(path)
+        except OSError as exc:
+            return f"not probed: {exc.strerror}"
+        res = self._attach_file_once(path, shown_as)
         if res.errors and not res.probed:
             return "not probed: " + "; ".join(res.errors)
         return f"{res.allocations_probed}/{len(libcuda.ALLOC_FUNCTIONS)} allocation entry points"
 
     def close(self) -> None:
+        if self.hooks is not None and self._guard_pipe is not None:
+            with contextlib.suppress(WhyrestartError):
+                self.hooks.disable_holds()
+                self._resume_held(self.clock())
+            summary = self.final_holds = self.hold_summary()
+            if summary["not_taken"]:
+                self.warnings.append(
+                    f"{summary['not_taken']} processes opened an unprobed libcuda when they "
+                    "could not be held: their first driver calls may have been missed"
+                )
+        self._stop_guard()
         self.nvml.close()
         if self._rb is not None:
             self._rb.free()

@@ -27,6 +27,7 @@ from tracer.events import (
     Exit,
     Fork,
     GpuAllocFailure,
+    GpuCallFailure,
     GpuOomRecovered,
     KmsgOom,
     OomKill,
@@ -174,7 +175,7 @@ class CgroupNamer:
 
 def cgroup_ids(ev: Event) -> tuple[int, ...]:
     """The cgroup ids an event mentions (the ones that need a name in the trace)."""
-    if isinstance(ev, Exit | Fork | Exec | GpuAllocFailure | GpuOomRecovered):
+    if isinstance(ev, Exit | Fork | Exec | GpuAllocFailure | GpuOomRecovered | GpuCallFailure):
         return (ev.cgroup_id,)
     if isinstance(ev, Signal):
         return (ev.sender_cgroup_id,)

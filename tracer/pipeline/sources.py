@@ -246,7 +246,12 @@ class GpuSource(_Quiet):
         self._final = False
 
     def poll(self, now_ns: int, behind: bool) -> list[Event]:
-        return [] if behind else self.gpu.poll(now_ns, final=self._final)
+        if behind:
+            # a held process waits for us, however far behind the ring is: resume it now and
+            # hand its events over with the next poll
+            self.gpu.resume_held(now_ns)
+            return []
+        return self.gpu.poll(now_ns, final=self._final)
 
     def enrich(self, events: list[Event]) -> list[Event]:
         self.gpu.track(events)

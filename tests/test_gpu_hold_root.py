@@ -1,0 +1,264 @@
+"""Tier 3 (root, real kernel): the first driver call of a program that loads libcuda from a path
+nobody probed (LD_LIBRARY_PATH) is caught, with no cooperation from the program.
+
+The programs (tests/gpu/fast.c) are linked against the stand-in libcuda.so.1 and found by the
+dynamic loader through LD_LIBRARY_PATH; they call the driver at once and exit within
+milliseconds, waiting for nothing. The kernel holds each one (SIGSTOP) as its open of the library
+returns, until the recorder has probed the file; the guard process resumes held processes when
+the recorder cannot.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+from tests.gpu import build
+from tracer.bpf import layout
+from tracer.bpf.gpuhooks import GpuHooks
+from tracer.clock import boottime_ns
+from tracer.events import Event, Exit, GpuAllocFailure, GpuCallFailure, GpuLibrary, GpuOomRecovered
+from tracer.gpu import holdguard
+from tracer.record import Recorder, RecordResult, Targets
+from tracer.trace.reader import read_trace
+
+pytestmark = [
+    pytest.mark.root,
+    pytest.mark.skipif(build.gcc() is None, reason="no C compiler (gcc) to build the stand-ins"),
+]
+
+MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Fast:
+    libdir: Path
+    program: Path
+
+
+@pytest.fixture
+def fast(tmp_path: Path) -> Fast:
+    """A stand-in and its program per test: a new library file, so nothing has probed it."""
+    libdir = tmp_path / "lib"
+    libdir.mkdir()
+    build.libcuda(libdir)
+    return Fast(libdir, build.fast(tmp_path, libdir))
+
+
+def record(
+    tmp_path: Path, fast: Fast, monkeypatch: pytest.MonkeyPatch, *args: str
+) -> tuple[RecordResult, list[Event], dict[str, int]]:
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(fast.libdir))
+    monkeypatch.setenv("FAKE_CUDA_BUDGET_BYTES", str(MiB))
+    res = Recorder(
+        str(tmp_path / "run.trace"), Targets(command=[str(fast.program), *args]), duration=120
+    ).run()
+    assert res.path is not None
+    trace = read_trace(res.path)
+    events = list(trace.events)
+    assert trace.footer is not None
+    return res, events, trace.footer.extra["gpu_holds"]
+
+
+T = TypeVar("T", bound=Event)
+
+
+def of(kind: type[T], events: list[Event]) -> list[T]:
+    return [e for e in events if isinstance(e, kind)]
+
+
+def test_a_program_that_fails_at_once_and_exits_2_is_gpu_oom(
+    tmp_path: Path, fast: Fast, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    res, events, holds = record(tmp_path, fast, monkeypatch, "fail")
+    [ex] = of(Exit, events)
+    assert ex.wait.code == 2
+    [lib] = of(GpuLibrary, events)
+    assert (lib.pid, lib.path, lib.error) == (ex.pid, str(fast.libdir / "libcuda.so.1"), "")
+    [fail] = of(GpuAllocFailure, events)
+    assert (fail.pid, fail.function, fail.requested_bytes, fail.result) == (
+        ex.pid,
+        "cuMemAlloc_v2",
+        2 * MiB,
+        2,
+    )
+    [v] = res.verdicts
+    assert (v.pid, v.cause, v.exit_code, v.confidence) == (ex.pid, "gpu_oom", 2, "high")
+    # held once, by the kernel, and resumed by the recorder
+    assert (holds["taken"], holds["not_taken"], holds["resumed_by_recorder"]) == (1, 0, 1)
+    assert res.header.extra["gpu"]["hold"] == "ready"
+    assert res.header.extra["gpu"]["pid_filter"] == "shared"
+
+
+def test_the_same_failure_recovered_and_exit_0_is_not_gpu_oom(
+    tmp_path: Path, fast: Fast, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    res, events, holds = record(tmp_path, fast, monkeypatch, "recover")
+    [ex] = of(Exit, events)
+    assert ex.wait.code == 0
+    [fail] = of(GpuAllocFailure, events)
+    [rec] = of(GpuOomRecovered, events)
+    assert (fail.pid, rec.pid, rec.requested_bytes, rec.failures) == (ex.pid, ex.pid, MiB // 2, 1)
+    [v] = res.verdicts
+    assert (v.pid, v.cause, v.exit_code) == (ex.pid, "app_exit", 0)
+    assert "recovered GPU OOM" in v.summary
+    assert holds["taken"] == 1
+
+
+def test_cuinit_failing_is_named_in_the_verdict(
+    tmp_path: Path, fast: Fast, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_CUDA_INIT_RESULT", "100")
+    res, events, _ = record(tmp_path, fast, monkeypatch, "noinit")
+    [ex] = of(Exit, events)
+    assert ex.wait.code == 3
+    [call] = of(GpuCallFailure, events)
+    assert (call.pid, call.function, call.result, call.failures) == (ex.pid, "cuInit", 100, 1)
+    assert of(GpuAllocFailure, events) == []
+    [v] = res.verdicts
+    assert (v.cause, v.exit_code) == ("app_exit", 3)
+    assert v.summary.startswith("CUDA could not initialise: CUDA_ERROR_NO_DEVICE (cuInit ")
+    assert "CUDA_VISIBLE_DEVICES" in v.advice
+    assert any("cuInit returned CUDA_ERROR_NO_DEVICE (100)" in text for _, text in v.evidence)
+
+
+def test_a_fork_storm_of_such_programs_has_every_failure_counted(
+    tmp_path: Path, fast: Fast, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    n = 100
+    res, events, holds = record(tmp_path, fast, monkeypatch, "storm", str(n))
+    exits = of(Exit, events)
+    [parent] = [e for e in exits if e.wait.code != 2]
+    assert parent.wait.code == 0  # every child saw its allocation refused and exited 2
+    children = {e.pid for e in exits if e.wait.code == 2}
+    assert len(children) == n
+    fails = of(GpuAllocFailure, events)
+    caught = {f.pid for f in fails}
+    assert len(fails) == len(caught) and caught <= children
+    # every failure caught, or the misses counted: holds not taken, records lost
+    missed = holds["not_taken"] + res.lost
+    if missed == 0:
+        assert caught == children
+    else:
+        assert len(caught) + missed >= n
+    gpu_oom = {v.pid for v in res.verdicts if v.cause == "gpu_oom"}
+    assert gpu_oom == caught
+
+
+# -- the guard ----------------------------------------------------------------------------------
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def _wait_for(pred: object, timeout: float = 30.0) -> None:
+    assert callable(pred)
+    end = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.01)
+
+
+def _guard(probe: GpuHooks, max_hold_ns: int) -> tuple[subprocess.Popen[bytes], int]:
+    fd = probe.held_map.fd
+    r, w = os.pipe()
+    try:
+        guard = subprocess.Popen(
+            [sys.executable, "-I", "-S", holdguard.__file__, str(fd), str(r), str(max_hold_ns)],
+            pass_fds=(fd, r),
+        )
+    finally:
+        os.close(r)
+    return guard, w
+
+
+def _hold(probe: GpuHooks, pid: int) -> None:
+    hold = layout.WrGpuHold(ts_ns=boottime_ns(), fd=3)
+    probe.held_map.update(ctypes.c_uint32(pid), hold)
+    os.kill(pid, signal.SIGSTOP)
+    _wait_for(lambda: _state(pid) == "T")
+
+
+def test_the_guard_resumes_held_processes_when_the_recorder_is_gone() -> None:
+    probe = GpuHooks(layout.WrGpuConfig(filter_all=0, memcg_v1=0, self_tgid=os.getpid()))
+    sleeper = subprocess.Popen(["sleep", "0.1"])
+    try:
+        # a bound far away: only the end of the pipe can resume it
+        guard, w = _guard(probe, 10**15)
+        _hold(probe, sleeper.pid)
+        os.close(w)  # what the recorder's death does
+        assert sleeper.wait(timeout=30) == 0
+        assert guard.wait(timeout=30) == 0  # (the parent that forked the guard)
+        assert probe.held() == []
+    finally:
+        sleeper.kill()
+        probe.close()
+
+
+def test_the_guard_ends_a_hold_past_its_bound_while_the_recorder_lives() -> None:
+    probe = GpuHooks(layout.WrGpuConfig(filter_all=0, memcg_v1=0, self_tgid=os.getpid()))
+    sleeper = subprocess.Popen(["sleep", "0.1"])
+    w = -1
+    try:
+        _, w = _guard(probe, 1)
+        _hold(probe, sleeper.pid)
+        assert sleeper.wait(timeout=30) == 0
+        assert probe.held() == []
+    finally:
+        sleeper.kill()
+        if w >= 0:
+            os.close(w)
+        probe.close()
+
+
+def test_a_recorder_killed_while_a_process_is_held_leaves_it_running(
+    tmp_path: Path, fast: Fast
+) -> None:
+    """A process tree watched by pid (as an attached recorder or the agent watches a service):
+    its program is held, the recorder is stopped so that it cannot resume it, then killed."""
+    go, rcfile, trace = tmp_path / "go", tmp_path / "rc", tmp_path / "run.trace"
+    script = (
+        f"while [ ! -e {go} ]; do sleep 0.01; done; "
+        f"LD_LIBRARY_PATH={fast.libdir} FAKE_CUDA_BUDGET_BYTES={MiB} {fast.program} fail; "
+        f"echo $? > {rcfile}.tmp; mv {rcfile}.tmp {rcfile}"
+    )
+    service = subprocess.Popen(["sh", "-c", script])
+    whyrestart = os.path.join(os.path.dirname(sys.executable), "whyrestart")
+    recorder = subprocess.Popen(
+        [whyrestart, "record", "-o", str(trace), "--pid", str(service.pid)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        # the header is written once every source is set up, the GPU side's guard included
+        _wait_for(lambda: trace.exists() and trace.stat().st_size > 0)
+        # the recorder can no longer resume anything: the program is held until it dies
+        recorder.send_signal(signal.SIGSTOP)
+        go.touch()
+
+        def held() -> bool:
+            with open(f"/proc/{service.pid}/task/{service.pid}/children") as f:
+                kids = [int(k) for k in f.read().split()]
+            return any(_state(k) == "T" for k in kids)
+
+        _wait_for(held)
+        recorder.kill()
+        recorder.wait(timeout=30)
+        assert service.wait(timeout=60) == 0
+        assert rcfile.read_text().strip() == "2"  # it ran on: its allocation failed, exit 2
+    finally:
+        for p in (recorder, service):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
