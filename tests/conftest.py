@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterator
 
 import pytest
 
+from tests import dockerd
+from tests.dockerd import DockerEngine
 from tracer.bpf import hooks
 
 
@@ -50,3 +53,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         # the marker, not keywords: every test under tests/lab/ has "lab" among its keywords
         if lab and item.get_closest_marker("lab"):
             item.add_marker(pytest.mark.skip(reason=lab))
+
+
+@pytest.fixture(scope="session")
+def docker_engine() -> Iterator[DockerEngine]:
+    """A private Docker Engine for this test session (tests/dockerd.py), with the busybox image
+    imported: ``docker_engine.env``/``.host`` for clients, ``.docker()``/``.compose()`` to drive
+    it. Root tests only; stopped and removed at the end of the session."""
+    if _root_reason() is not None:
+        pytest.skip(_root_reason() or "")
+    lacks = dockerd.missing()
+    if lacks is not None:
+        pytest.fail(lacks)  # scripts/setup installs all of it: missing is a bug, not a skip
+    try:
+        engine = dockerd.start_dockerd()
+    except dockerd.DockerdFailed as exc:
+        pytest.fail(f"the test dockerd did not start: {exc}")
+    try:
+        dockerd.import_busybox(engine)
+        yield engine
+    finally:
+        engine.stop()

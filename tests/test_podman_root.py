@@ -11,15 +11,15 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.recording import record_while, wait_for
 from tracer.events import ProbeSample
-from tracer.record import Recorder, RecordResult, Targets
+from tracer.record import Recorder, Targets
 from tracer.trace.reader import read_trace
 
 pytestmark = pytest.mark.root
@@ -71,51 +71,11 @@ def name() -> Iterator[str]:
     podman("rm", "-f", "-t", "0", n, check=False)
 
 
-def record_while(
-    tmp_path: Path, container: str, action: Callable[[], None], **targets: object
-) -> RecordResult:
-    """Record --container while ``action`` drives it; stop once it is done."""
-    rec = Recorder(
-        str(tmp_path / "c.trace"), Targets(containers=[container], **targets), duration=120
-    )  # type: ignore[arg-type]
-    out: dict[str, RecordResult] = {}
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            out["res"] = rec.run()
-        except BaseException as exc:
-            errors.append(exc)
-
-    t = threading.Thread(target=run)
-    t.start()
-    try:
-        while rec.header is None and t.is_alive():  # attached and writing
-            time.sleep(0.05)
-        action()
-        time.sleep(1.5)  # let the last exit settle
-    finally:
-        rec.stop.set("test done")
-        t.join(timeout=60)
-    if errors:
-        raise errors[0]
-    return out["res"]
-
-
 def state(name: str) -> tuple[str, int, str]:
     st, count, oom = podman(
         "inspect", "-f", "{{.State.Status}} {{.RestartCount}} {{.State.OOMKilled}}", name
     ).stdout.split()
     return st, int(count), oom
-
-
-def wait_for(pred: Callable[[], bool], seconds: float = 60) -> None:
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        if pred():
-            return
-        time.sleep(0.2)
-    raise AssertionError("condition not reached")
 
 
 def test_oom_restarts_are_linked_and_agree_with_podman(tmp_path: Path, name: str) -> None:

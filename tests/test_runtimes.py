@@ -17,10 +17,12 @@ tested against ``podman system service`` serving the Docker API on a unix socket
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import http.server
 import json
 import os
 import shutil
+import socket
 import socketserver
 import stat
 import subprocess
@@ -28,6 +30,7 @@ import tarfile
 import tempfile
 import threading
 import time
+import urllib.parse
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -48,7 +51,7 @@ from tracer.runtimes import (
     detect,
 )
 from tracer.runtimes.base import k8s_names, parse_proc_cgroup, restart_policy_text
-from tracer.runtimes.docker import info_from_docker_inspect
+from tracer.runtimes.docker import docker_hosts, info_from_docker_inspect
 from tracer.runtimes.podman import info_from_podman_inspect
 from tracer.runtimes.systemd import info_from_systemctl_show, parse_systemctl_show
 
@@ -364,7 +367,8 @@ def test_docker_client_fake_server(fake_docker: _UnixHTTPServer) -> None:
     assert rt.by_id(EXITED_ID[:12]) is not None
     assert rt.restart_count(EXITED_ID[:12]) == 2
     assert rt.find("a/b c") is not None  # quoted into one path segment
-    assert rt.find("ghost") is None and rt.last_error == "docker: no container 'ghost'"
+    assert rt.find("ghost") is None
+    assert rt.last_error == f"docker: no container or Compose service 'ghost' at unix://{sock}"
     assert rt.find("broken") is None
     assert rt.last_error is not None and "500" in rt.last_error and "boltdb" in rt.last_error
     assert rt.find("garbage") is None
@@ -372,7 +376,111 @@ def test_docker_client_fake_server(fake_docker: _UnixHTTPServer) -> None:
 
     pinned = DockerRuntime(sock, api_version="1.41")
     pinned.find("t1")
-    assert fake_docker.paths[-1] == "/v1.41/containers/t1/json"
+    assert fake_docker.paths[-2] == "/v1.41/containers/t1/json"  # (then the Compose label)
+
+
+def _compose_query(service: str) -> str:
+    filters = json.dumps({"label": [f"com.docker.compose.service={service}"]})
+    return f"/containers/json?all=1&filters={urllib.parse.quote(filters)}"
+
+
+def test_docker_finds_a_compose_service_by_its_name(fake_docker: _UnixHTTPServer) -> None:
+    body = (DATA / "docker_api_exited_restart.json").read_bytes()
+    fake_docker.routes = {
+        "/_ping": (200, b"OK"),
+        _compose_query("web"): (
+            200,
+            json.dumps([{"Id": EXITED_ID, "Names": ["/p_web_1"]}]).encode(),
+        ),
+        f"/containers/{EXITED_ID}/json": (200, body),
+        _compose_query("db"): (
+            200,
+            json.dumps(
+                [{"Id": "a" * 64, "Names": ["/p_db_2"]}, {"Id": "b" * 64, "Names": ["/p_db_1"]}]
+            ).encode(),
+        ),
+        _compose_query("gone"): (200, b"[]"),
+    }
+    rt = DockerRuntime(str(fake_docker.server_address))
+    info = rt.find("web")  # no container named "web": the one container of service "web"
+    assert info is not None and info.id == EXITED_ID and rt.last_error is None
+    assert rt.find("db") is None
+    assert rt.last_error == (
+        "docker: Compose service 'db' has 2 containers (p_db_1, p_db_2): name one of them"
+    )
+    assert rt.find("gone") is None
+    assert rt.last_error is not None and "no container or Compose service 'gone'" in rt.last_error
+
+
+def test_docker_hosts_follow_the_docker_client(tmp_path: Path) -> None:
+    run_user = tmp_path / "run-user"
+    for uid in ("1000", "1001"):
+        (run_user / uid).mkdir(parents=True)
+        (run_user / uid / "docker.sock").write_text("")
+    system = "unix:///var/run/docker.sock"
+    rootless = [f"unix://{run_user}/1000/docker.sock", f"unix://{run_user}/1001/docker.sock"]
+    home = tmp_path / "home"
+    # DOCKER_HOST wins alone, whatever it names
+    assert docker_hosts({"DOCKER_HOST": "unix:///x.sock"}, run_user=str(run_user)) == [
+        "unix:///x.sock"
+    ]
+    assert docker_hosts({}, run_user=str(run_user), home=str(home)) == [system, *rootless]
+    # the invoking user's rootless daemon first among the rootless ones
+    assert docker_hosts({"SUDO_UID": "1001"}, run_user=str(run_user), home=str(home)) == [
+        system,
+        rootless[1],
+        rootless[0],
+    ]
+    # the current context, as `docker context use` stores it
+    meta = home / ".docker" / "contexts" / "meta" / hashlib.sha256(b"rootless").hexdigest()
+    meta.mkdir(parents=True)
+    (meta / "meta.json").write_text(
+        json.dumps({"Name": "rootless", "Endpoints": {"docker": {"Host": "unix:///r.sock"}}})
+    )
+    (home / ".docker" / "config.json").write_text(json.dumps({"currentContext": "rootless"}))
+    assert docker_hosts({}, run_user=str(run_user), home=str(home))[:2] == [
+        "unix:///r.sock",
+        system,
+    ]
+    assert (
+        docker_hosts({"DOCKER_CONTEXT": "default"}, run_user=str(run_user), home=str(home))[0]
+        == system
+    )
+
+
+def test_docker_says_why_it_does_not_answer(tmp_path: Path) -> None:
+    tcp = DockerRuntime.for_host("tcp://10.0.0.1:2375")
+    assert not tcp.available()
+    assert tcp.last_error is not None and "only unix:// sockets are supported" in tcp.last_error
+    d = tempfile.mkdtemp(prefix="wr-dead-")
+    try:
+        # a socket file nobody listens on: what a crashed dockerd leaves behind
+        dead = os.path.join(d, "docker.sock")
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.bind(dead)
+        s.close()
+        rt = DockerRuntime.for_host(f"unix://{dead}")
+        assert not rt.available()
+        assert rt.last_error == f"docker at unix://{dead}: Connection refused (is dockerd running?)"
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    missing = DockerRuntime(str(tmp_path / "none.sock"))
+    assert not missing.available()
+    assert missing.last_error == f"docker at unix://{tmp_path}/none.sock: no socket there"
+
+
+def test_container_error_names_the_dead_daemon(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tracer.errors import UsageError
+    from tracer.follow import Follower
+
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/gone.sock")
+    with pytest.raises(UsageError) as err:
+        Follower(["web"], None, lambda _cid: None)
+    text = str(err.value)
+    assert "--container web" in text and f"docker at unix://{tmp_path}/gone.sock" in text
+    assert "DOCKER_HOST" in text or "podman" in text
 
 
 def test_docker_client_timeout_and_no_socket(fake_docker: _UnixHTTPServer, tmp_path: Path) -> None:
@@ -839,7 +947,9 @@ def test_docker_api_against_podman_service(podman: Podman, docker_api: DockerRun
     assert by_prefix is not None and by_prefix.id == cid
     assert docker_api.restart_count(cid) == 2
     assert docker_api.find("wr-no-such-container") is None
-    assert docker_api.last_error == "docker: no container 'wr-no-such-container'"
+    assert docker_api.last_error == (
+        f"docker: no container or Compose service 'wr-no-such-container' at {docker_api.host}"
+    )
 
     running = _name()
     rid = podman("run", "-d", "--name", running, "--network=none", podman.image, "sleep", "1000")

@@ -35,7 +35,7 @@ from tracer.events import (
     SampleError,
     UnitInfo,
 )
-from tracer.runtimes import RestartCountPoller, Runtime, detect
+from tracer.runtimes import RestartCountPoller, Runtime, probe
 from tracer.runtimes.base import ContainerInfo
 from tracer.sources.probes import Prober, ProbeSpec
 
@@ -74,7 +74,10 @@ class Follower:
         self._runtimes = runtimes
         self.followed: list[Followed] = []
         self._named: dict[int, UnitInfo | None] = {}
-        self._lookups: dict[tuple[str, str], ContainerInfo | None] = {}
+        # (runtime index or "main", container id) -> what it answered
+        self._lookups: dict[tuple[int | str, str], ContainerInfo | None] = {}
+        self._answered_by: dict[str, Runtime] = {}  # container id -> the runtime that knew it
+        self._unavailable: list[Runtime] = []
         self.poller = RestartCountPoller(interval_s=1.0)
         self._polled: set[str] = set()
         self.probers: list[Prober] = []
@@ -89,16 +92,24 @@ class Follower:
     @property
     def runtimes(self) -> list[Runtime]:
         if self._runtimes is None:
-            self._runtimes = detect()
+            self._runtimes, self._unavailable = probe()
         return self._runtimes
+
+    def _why_not(self) -> list[str]:
+        """Why the runtimes that did not answer did not (a dead dockerd, a DOCKER_HOST that
+        points nowhere): only those with a reason to show."""
+        return [rt.last_error for rt in self._unavailable if rt.last_error]
 
     # -- set-up ------------------------------------------------------------------------------
 
     def _resolve(self, name: str) -> Followed:
         if not self.runtimes:
+            why = "; ".join(self._why_not())
             raise UsageError(
-                f"--container {name}: no container runtime answers on this host",
-                "is podman installed, or the Docker socket at /var/run/docker.sock?",
+                f"--container {name}: no container runtime answers on this host"
+                + (f" ({why})" if why else ""),
+                "start the runtime (dockerd, podman), or point DOCKER_HOST at the Docker "
+                "daemon's socket (unix:///PATH)",
             )
         for rt in self.runtimes:
             info = rt.find(name)
@@ -107,11 +118,15 @@ class Follower:
                 f = Followed(rt, info, label, main_pid=info.pid)
                 if info.pid:
                     f.members.add(info.pid)
+                self._answered_by[info.id] = rt
                 return f
-        reasons = "; ".join(f"{rt.name}: {rt.last_error or 'not found'}" for rt in self.runtimes)
+        reasons = "; ".join(
+            [rt.last_error or f"{rt.name}: not found" for rt in self.runtimes] + self._why_not()
+        )
         raise UsageError(
             f"--container {name}: no such container ({reasons})",
-            "list containers with `podman ps -a` or `docker ps -a`",
+            "list containers with `docker ps -a` or `podman ps -a` (a Compose service can be "
+            "named by its service name when it has one container)",
         )
 
     def start(self) -> None:
@@ -174,7 +189,7 @@ class Follower:
             )
             label = unit_names.from_info(kind, unit.key, name, pod).label
             if found is not None and label not in self._polled:
-                rt = next((r for r in self.runtimes if r.name == found.runtime), None)
+                rt = self._answered_by.get(found.id)
                 if rt is not None:
                     self.poller.watch(label, rt, found.id)
                     self._polled.add(label)
@@ -193,10 +208,12 @@ class Follower:
         return True
 
     def _lookup(self, container_id: str) -> ContainerInfo | None:
-        for rt in self.runtimes:
-            key = (rt.name, container_id)
+        for i, rt in enumerate(self.runtimes):
+            key = (i, container_id)
             if key not in self._lookups:
-                self._lookups[key] = rt.by_id(container_id)
+                found = self._lookups[key] = rt.by_id(container_id)
+                if found is not None:
+                    self._answered_by[found.id] = rt
             if self._lookups[key] is not None:
                 return self._lookups[key]
         return None

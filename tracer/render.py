@@ -221,7 +221,17 @@ def verdict_table(
                     "unknown (its first reading came after a restart)\n"
                 )
             continue
-        agree = "agrees" if theirs == ours else "DISAGREES: a restart one of us did not see"
+        if theirs == ours:
+            agree = "agrees"
+        elif theirs < ours and source in ("docker", "podman"):
+            # RestartCount counts the restart policy's restarts only: a `docker restart` (or
+            # an autoheal's, or a stop and start) is a restart it never counts
+            agree = (
+                f"{ours - theirs} of them not by its restart policy: a `{source} restart` or a "
+                "stop and start, which it does not count"
+            )
+        else:
+            agree = "DISAGREES: a restart one of us did not see"
         out += (
             f"\n{esc(unit)}: {source} counted {theirs} restarts, whyrestart linked {ours} "
             f"({agree})\n"

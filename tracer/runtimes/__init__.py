@@ -4,7 +4,8 @@ This package owns asking supervisors about what they run. ``base`` has the inter
 (``Runtime``, ``ContainerInfo``); ``podman``, ``docker`` and ``systemd`` are the clients. This
 module adds:
 
-* ``detect()``: the runtimes that can be asked on this host now;
+* ``detect()``: the runtimes that can be asked on this host now (``probe()``: and why each
+  of the others cannot);
 * ``RestartCountPoller``: a background thread that asks each watched container's runtime for
   its restart count every ``interval_s`` and queues ``RestartCountSample`` tuples
   ``(ts, unit, source, count)`` (``ts`` on CLOCK_BOOTTIME ns, the trace's clock) for the
@@ -27,7 +28,7 @@ from typing import NamedTuple, TypeVar
 
 from tracer.clock import boottime_ns
 from tracer.runtimes.base import ContainerInfo, Runtime
-from tracer.runtimes.docker import DEFAULT_SOCKET, DockerRuntime
+from tracer.runtimes.docker import DockerRuntime, docker_hosts
 from tracer.runtimes.podman import PodmanRuntime
 from tracer.runtimes.systemd import SystemdRuntime
 
@@ -41,6 +42,7 @@ __all__ = [
     "Runtime",
     "SystemdRuntime",
     "detect",
+    "probe",
 ]
 
 log = logging.getLogger(__name__)
@@ -48,30 +50,44 @@ log = logging.getLogger(__name__)
 
 def detect(
     *,
-    docker_socket: str = DEFAULT_SOCKET,
+    docker_socket: str | None = None,
     podman_args: Sequence[str] = (),
     podman_env: Mapping[str, str] | None = None,
 ) -> list[Runtime]:
-    """The runtimes that answer on this host, in the order a name is best looked up.
+    """The runtimes that answer on this host, in the order a name is best looked up."""
+    return probe(docker_socket=docker_socket, podman_args=podman_args, podman_env=podman_env)[0]
+
+
+def probe(
+    *,
+    docker_socket: str | None = None,
+    podman_args: Sequence[str] = (),
+    podman_env: Mapping[str, str] | None = None,
+) -> tuple[list[Runtime], list[Runtime]]:
+    """(the runtimes that answer, the ones that do not: each with ``last_error`` saying why
+    when it has a reason worth showing).
 
     Podman before Docker: where both are installed, podman's CLI answers for its own
-    containers and Docker's socket for dockerd's; a name is tried in each in turn.
+    containers and Docker's socket for dockerd's; a name is tried in each in turn. Docker is
+    every daemon a docker client here would use (``docker_hosts``: ``DOCKER_HOST``, the
+    current context, the system socket, rootless sockets) unless ``docker_socket`` pins one.
     """
+    hosts = [f"unix://{docker_socket}"] if docker_socket else docker_hosts()
     candidates: list[Runtime] = [
         PodmanRuntime(global_args=podman_args, env=podman_env),
-        DockerRuntime(docker_socket),
+        *(DockerRuntime.for_host(h) for h in hosts),
         SystemdRuntime(),
     ]
     found: list[Runtime] = []
+    missing: list[Runtime] = []
     for rt in candidates:
         try:
             ok = rt.available()
         except Exception:  # available() promises not to raise; a bug here must not stop a run
             log.exception("runtime %s: availability check failed", rt.name)
             ok = False
-        if ok:
-            found.append(rt)
-    return found
+        (found if ok else missing).append(rt)
+    return found, missing
 
 
 class RestartCountSample(NamedTuple):

@@ -14,13 +14,22 @@ Fields relied on (Engine API v1.41 names, identical in podman 4.3's compat API):
 ``Config.Healthcheck.Test``, ``Config.Image`` (falls back to ``Image``, the id) and
 ``Config.Labels`` (``io.kubernetes.pod.name``/``.namespace`` under dockershim). The API has no
 cgroup path: it is read from the main pid's ``/proc/PID/cgroup`` while the container runs.
+
+Which daemon: the one a ``docker`` client on this host would use (``docker_hosts``):
+``DOCKER_HOST`` when it is set, else the current Docker context, else the system socket, then
+rootless daemons' sockets. A Compose service name (``web`` for ``proj_web_1``) finds its
+container by Compose's ``com.docker.compose.service`` label when no container has that name.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import glob
+import hashlib
 import json
 import os
+import pwd
 import socket
 import stat
 import urllib.parse
@@ -44,9 +53,73 @@ from tracer.runtimes.base import (
 if TYPE_CHECKING:
     import http.client
 
-__all__ = ["DEFAULT_SOCKET", "DockerRuntime", "info_from_docker_inspect"]
+__all__ = ["DEFAULT_SOCKET", "DockerRuntime", "docker_hosts", "info_from_docker_inspect"]
 
 DEFAULT_SOCKET = "/var/run/docker.sock"
+COMPOSE_SERVICE = "com.docker.compose.service"
+COMPOSE_PROJECT = "com.docker.compose.project"
+
+
+def _context_host(config_dir: str, context: str | None) -> str | None:
+    """The Docker endpoint of a context (``docker context use NAME``) as the CLI stores it:
+    ``config.json`` names the current one, ``contexts/meta/<sha256 of name>/meta.json`` holds
+    ``Endpoints.docker.Host``. None for the default context or anything unreadable."""
+    try:
+        if context is None:
+            with open(os.path.join(config_dir, "config.json"), encoding="utf-8") as f:
+                cfg = json.load(f)
+            context = cfg.get("currentContext") if isinstance(cfg, dict) else None
+        if not isinstance(context, str) or context in ("", "default"):
+            return None
+        digest = hashlib.sha256(context.encode()).hexdigest()
+        with open(
+            os.path.join(config_dir, "contexts", "meta", digest, "meta.json"), encoding="utf-8"
+        ) as f:
+            meta = json.load(f)
+    except (OSError, ValueError):
+        return None
+    host = get_str(get_dict(get_dict(meta, "Endpoints"), "docker"), "Host")
+    return host or None
+
+
+def docker_hosts(
+    env: Mapping[str, str] | None = None, *, run_user: str = "/run/user", home: str | None = None
+) -> list[str]:
+    """The Docker daemons this host's ``docker`` client would talk to, best first, as endpoint
+    URLs (``unix:///var/run/docker.sock``).
+
+    ``DOCKER_HOST`` set: only that one (the client uses nothing else). Else the current context
+    (``DOCKER_CONTEXT``, or ``currentContext`` in ``$DOCKER_CONFIG`` / ``~/.docker``, and under
+    sudo the invoking user's), then the system socket, then every rootless daemon's socket
+    (``$XDG_RUNTIME_DIR/docker.sock``, ``/run/user/UID/docker.sock``): whyrestart runs as root
+    and may be asked about any user's containers.
+    """
+    env = os.environ if env is None else env
+    if env.get("DOCKER_HOST"):
+        return [env["DOCKER_HOST"]]
+    out: list[str] = []
+    context = env.get("DOCKER_CONTEXT") or None
+    config_dirs = [
+        env.get("DOCKER_CONFIG") or os.path.join(home or os.path.expanduser("~"), ".docker")
+    ]
+    sudo_user = env.get("SUDO_USER")
+    if sudo_user and not env.get("DOCKER_CONFIG"):
+        with contextlib.suppress(KeyError):
+            config_dirs.append(os.path.join(pwd.getpwnam(sudo_user).pw_dir, ".docker"))
+    for d in config_dirs:
+        host = _context_host(d, context)
+        if host:
+            out.append(host)
+    out.append(f"unix://{DEFAULT_SOCKET}")
+    rootless = []
+    if env.get("XDG_RUNTIME_DIR"):
+        rootless.append(os.path.join(env["XDG_RUNTIME_DIR"], "docker.sock"))
+    if env.get("SUDO_UID"):
+        rootless.append(os.path.join(run_user, env["SUDO_UID"], "docker.sock"))
+    rootless += sorted(glob.glob(os.path.join(glob.escape(run_user), "*", "docker.sock")))
+    out += [f"unix://{p}" for p in rootless]
+    return list(dict.fromkeys(out))  # in order, once each
+
 
 # An inspect document is a few KiB; a huge reply means something else is on that socket.
 _MAX_BODY = 8 * 1024 * 1024
@@ -135,18 +208,52 @@ class DockerRuntime(Runtime):
         self.name = name
         super().__init__()
         self.socket_path = socket_path
+        self.host = f"unix://{socket_path}"
         self.timeout_s = timeout_s
         self.prefix = f"/v{api_version}" if api_version else ""
         self.proc_root = proc_root
+        self._unsupported: str | None = None
+
+    @classmethod
+    def for_host(cls, host: str, **kwargs: Any) -> DockerRuntime:
+        """A client for an endpoint URL as ``DOCKER_HOST`` spells it. Only ``unix://`` is
+        spoken (whyrestart runs on the daemon's host); any other scheme gives a client that is
+        never available, whose ``last_error`` says so."""
+        if host.startswith("unix://"):
+            return cls(host[len("unix://") :], **kwargs)
+        rt = cls(host, **kwargs)
+        rt.host = host
+        rt._unsupported = (
+            f"{host}: only unix:// sockets are supported (whyrestart runs on the Docker host; "
+            "point DOCKER_HOST at the daemon's unix socket)"
+        )
+        return rt
 
     def available(self) -> bool:
+        """Whether the daemon answers ``/_ping``; when not, ``last_error`` says why."""
+        where = f"docker at {self.host}"
+        if self._unsupported is not None:
+            self._fail(f"docker: {self._unsupported}", quiet=True)
+            return False
         try:
             if not stat.S_ISSOCK(os.stat(self.socket_path).st_mode):
+                self._fail(f"{where}: not a socket", quiet=True)
                 return False
             status, body = self._get("/_ping")
-        except (OSError, LookupFailed):
+        except FileNotFoundError:
+            self._fail(f"{where}: no socket there", quiet=True)
             return False
-        return status == 200 and body.strip() == b"OK"
+        except (OSError, LookupFailed) as exc:
+            cause = exc.__cause__ if isinstance(exc, LookupFailed) else exc
+            text = cause.strerror if isinstance(cause, OSError) and cause.strerror else str(exc)
+            hint = " (is dockerd running?)" if "refused" in text.lower() else ""
+            self._fail(f"{where}: {text}{hint}", quiet=True)
+            return False
+        if status == 200 and body.strip() == b"OK":
+            self._ok()
+            return True
+        self._fail(f"{where}: /_ping answered {status}: {_api_message(body)}", quiet=True)
+        return False
 
     def find(self, name_or_id: str) -> ContainerInfo | None:
         # Docker shows names as "/web"; accept what users copy from `docker inspect`.
@@ -161,11 +268,52 @@ class DockerRuntime(Runtime):
             self._fail(f"{self.name}: {exc}")
             return None
         if status == 404:
-            self._fail(f"{self.name}: no container {key!r}", quiet=True)
+            return self._compose_service(key)
+        if status != 200:
+            self._fail(f"{self.name}: GET {path} answered {status}: {_api_message(body)}")
+            return None
+        return self._inspected(path, body)
+
+    def _compose_service(self, service: str) -> ContainerInfo | None:
+        """No container has this name: the one container of a Compose service of that name
+        (``web`` for ``proj_web_1``), found by the label Compose puts on it."""
+        missing = f"{self.name}: no container or Compose service {service!r} at {self.host}"
+        filters = json.dumps({"label": [f"{COMPOSE_SERVICE}={service}"]})
+        path = f"/containers/json?all=1&filters={urllib.parse.quote(filters)}"
+        try:
+            status, body = self._get(path)
+            listed = json.loads(body) if status == 200 else None
+        except (LookupFailed, ValueError):
+            listed = None
+        if not isinstance(listed, list) or not listed:
+            self._fail(missing, quiet=True)
+            return None
+        if len(listed) > 1:
+            names = sorted(
+                str((c.get("Names") or ["?"])[0]).lstrip("/") for c in listed if isinstance(c, dict)
+            )
+            self._fail(
+                f"{self.name}: Compose service {service!r} has {len(listed)} containers "
+                f"({', '.join(names)}): name one of them",
+                quiet=True,
+            )
+            return None
+        cid = listed[0].get("Id") if isinstance(listed[0], dict) else None
+        if not isinstance(cid, str) or not cid:
+            self._fail(missing, quiet=True)
+            return None
+        path = f"/containers/{cid}/json"
+        try:
+            status, body = self._get(path)
+        except LookupFailed as exc:
+            self._fail(f"{self.name}: {exc}")
             return None
         if status != 200:
             self._fail(f"{self.name}: GET {path} answered {status}: {_api_message(body)}")
             return None
+        return self._inspected(path, body)
+
+    def _inspected(self, path: str, body: bytes) -> ContainerInfo | None:
         try:
             obj = json.loads(body)
         except ValueError as exc:

@@ -1,0 +1,51 @@
+"""Recording while a test drives a workload (root tests of runtimes: podman, Docker)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from tracer.record import Recorder, RecordResult, Targets
+
+
+def record_while(
+    tmp_path: Path, container: str, action: Callable[[], None], **targets: object
+) -> RecordResult:
+    """Record --container while ``action`` drives it; stop once it is done."""
+    rec = Recorder(
+        str(tmp_path / "c.trace"), Targets(containers=[container], **targets), duration=120
+    )  # type: ignore[arg-type]
+    out: dict[str, RecordResult] = {}
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            out["res"] = rec.run()
+        except BaseException as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=run)
+    t.start()
+    try:
+        while rec.header is None and t.is_alive():  # attached and writing
+            time.sleep(0.05)
+        if t.is_alive():
+            action()
+            time.sleep(1.5)  # let the last exit settle
+    finally:
+        rec.stop.set("test done")
+        t.join(timeout=60)
+    if errors:
+        raise errors[0]
+    return out["res"]
+
+
+def wait_for(pred: Callable[[], bool], seconds: float = 60, what: str = "condition") -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if pred():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{what} not reached in {seconds:g} s")
