@@ -634,6 +634,29 @@ class _MemRuntime(Runtime):
                              "always", None, "", "running", None)  # fmt: skip
 
 
+def test_containers_seen_only_being_created_are_not_polled() -> None:
+    """cgroup_mkdir is reported for every cgroup on the host while containers are followed:
+    another user's container is named, but its restart count is polled only once a process
+    of ours runs in it (it stayed out of the recording's restart counts)."""
+    from tracer.follow import Follower
+
+    rt = _MemRuntime()
+    mine, theirs = "a" * 64, "b" * 64
+    rt.counts = {mine: 0, theirs: 0}
+    f = Follower([], None, lambda _cid: None, runtimes=[rt])
+    seen = f.name(1, f"/docker/{theirs}", 0, created=True)
+    assert seen is not None and seen.unit_id == theirs
+    f.poller.poll_once()
+    assert f.poller.poll() == []
+    assert f.name(2, f"/docker/{mine}", 0) is not None  # named by a process event
+    f.name(3, f"/docker/{'c' * 64}", 0, created=True)
+    f.poller.poll_once()
+    assert [s.unit for s in f.poller.poll()] == [f"mem {mine}"]
+    f.running_in(1)
+    f.poller.poll_once()
+    assert [s.unit for s in f.poller.poll()] == [f"mem {theirs}"]
+
+
 def _clock() -> Callable[[], int]:
     ticks = iter(range(1, 1_000_000))
     return lambda: next(ticks)

@@ -78,6 +78,8 @@ class Follower:
         self._lookups: dict[tuple[int | str, str], ContainerInfo | None] = {}
         self._answered_by: dict[str, Runtime] = {}  # container id -> the runtime that knew it
         self._unavailable: list[Runtime] = []
+        # cgroup id -> (label, runtime, container id): containers named, not yet polled
+        self.unpolled: dict[int, tuple[str, Runtime, str]] = {}
         self.poller = RestartCountPoller(interval_s=1.0)
         self._polled: set[str] = set()
         self.probers: list[Prober] = []
@@ -164,8 +166,13 @@ class Follower:
 
     # -- per batch ---------------------------------------------------------------------------
 
-    def name(self, cgroup_id: int, path: str | None, ts: int) -> UnitInfo | None:
-        """The UnitInfo for a newly seen cgroup, or None when it is no unit."""
+    def name(
+        self, cgroup_id: int, path: str | None, ts: int, created: bool = False
+    ) -> UnitInfo | None:
+        """The UnitInfo for a newly seen cgroup, or None when it is no unit. ``created``: seen
+        only being made (cgroup_mkdir, which the kernel reports for every cgroup on the host
+        while containers are followed): its restart count is polled once a process of ours
+        runs in it (``running_in``), not for every container another user starts."""
         if cgroup_id in self._named:
             return None
         unit = unit_names.unit_of_cgroup(path)
@@ -190,7 +197,9 @@ class Follower:
             label = unit_names.from_info(kind, unit.key, name, pod).label
             if found is not None and label not in self._polled:
                 rt = self._answered_by.get(found.id)
-                if rt is not None:
+                if rt is not None and created:
+                    self.unpolled[cgroup_id] = (label, rt, found.id)
+                elif rt is not None:
                     self.poller.watch(label, rt, found.id)
                     self._polled.add(label)
         elif unit is not None and unit.kind == "systemd":
@@ -199,6 +208,13 @@ class Follower:
             )
         self._named[cgroup_id] = info
         return info
+
+    def running_in(self, cgroup_id: int) -> None:
+        """A process event in a cgroup ``name`` saw only being created: poll its restarts."""
+        label, rt, container_id = self.unpolled.pop(cgroup_id)
+        if label not in self._polled:
+            self.poller.watch(label, rt, container_id)
+            self._polled.add(label)
 
     def _fresh(self, found: ContainerInfo) -> bool:
         key = ("main", found.id)

@@ -159,6 +159,7 @@ class CgroupNamer:
     def enrich(self, events: list[Event]) -> list[Event]:
         out: list[Event] = []
         named = self._named
+        unpolled = self.follower.unpolled
         for ev in events:
             for cid in cgroup_ids(ev):
                 if cid not in named:
@@ -166,9 +167,13 @@ class CgroupNamer:
                     info = self.resolver.info(cid, ev.ts)
                     if info is not None:
                         out.append(info)
-                        unit = self.follower.name(cid, info.path, ev.ts)
+                        created = isinstance(ev, CgroupMkdir)
+                        unit = self.follower.name(cid, info.path, ev.ts, created)
                         if unit is not None:
                             out.append(unit)
+                elif unpolled and cid in unpolled and isinstance(ev, Exec | Exit | Fork):
+                    # a container seen being created is ours once its processes are
+                    self.follower.running_in(cid)
             out.append(ev)
         return out
 
