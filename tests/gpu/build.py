@@ -53,3 +53,48 @@ def fast(out: Path, libcuda_dir: Path) -> Path:
     src = str(HERE / "fast.c")
     _build(["-O1", "-o", str(path), src, "-L", str(libcuda_dir), "-l:libcuda.so.1"])
     return path
+
+
+# -- the real libraries ---------------------------------------------------------------------------
+
+ROOT = HERE.parent.parent
+CUDA_CACHE = ROOT / ".cache" / "cuda"  # scripts/fetch-cuda (run by scripts/setup)
+
+
+def real_libcuda_dir() -> Path | None:
+    """The directory of Debian's real libcuda.so.1 that scripts/fetch-cuda unpacked, if any."""
+    found = sorted(CUDA_CACHE.glob("libcuda1/usr/lib/*/nvidia/current/libcuda.so.1"))
+    return found[0].parent if found else None
+
+
+def why_no_real_libcuda() -> str:
+    why = CUDA_CACHE / "why"
+    reason = why.read_text().strip() if why.exists() else "scripts/fetch-cuda was not run"
+    return f"the real libcuda.so.1 is not here ({reason}): run scripts/setup"
+
+
+def cudart_dir() -> Path | None:
+    """lib/ of PyPI's nvidia-cuda-runtime-cu12 (the dev extra), holding libcudart.so.12."""
+    try:
+        import nvidia.cuda_runtime  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:
+        return None
+    for base in nvidia.cuda_runtime.__path__:
+        lib = Path(base) / "lib"
+        if (lib / "libcudart.so.12").exists():
+            return lib
+    return None
+
+
+def driver_api(out: Path, libcuda_dir: Path) -> Path:
+    path = out / "driver_api"
+    src = str(HERE / "driver_api.c")
+    _build(["-O1", "-o", str(path), src, "-L", str(libcuda_dir), "-l:libcuda.so.1"])
+    return path
+
+
+def runtime_api(out: Path, cudart: Path) -> Path:
+    path = out / "runtime_api"
+    src = str(HERE / "runtime_api.c")
+    _build(["-O1", "-o", str(path), src, "-L", str(cudart), "-l:libcudart.so.12"])
+    return path
