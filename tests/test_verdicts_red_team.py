@@ -180,6 +180,23 @@ def test_an_xid_of_a_gpu_that_may_not_be_its_own_is_not_its_cause() -> None:
     assert [v.cause for v in nvml_other] == ["app_exit"]
 
 
+def test_nvmls_bus_ids_match_a_kernel_log_xid_to_its_gpu() -> None:
+    from msgspec.structs import replace
+
+    def gpus(own: int) -> list[Event]:
+        return [
+            gpu_lib(0.2, 100),
+            replace(gpu_sample(0.5, used=GiB, index=0), pci_bus_id="00000000:1A:00.0"),
+            replace(gpu_sample(0.5, used=GiB, index=1), pci_bus_id="00000000:3B:00.0"),
+            gpu_proc(0.6, 100, GiB, index=own),
+        ]
+
+    on_other = judge(*gpus(0), *kmsg_down(5.0), exit_code(5.5, 100, 1))  # 0000:3b:00 = GPU 1
+    assert [v.cause for v in on_other] == ["app_exit"]
+    on_its_own = judge(*gpus(1), *kmsg_down(5.0), exit_code(5.5, 100, 1))
+    assert [(v.cause, v.confidence) for v in on_its_own] == [("device_reset", "medium")]
+
+
 def test_two_kernel_log_lines_about_one_reset_are_one_source() -> None:
     [v] = judge(
         gpu_lib(0.2, 100),
@@ -485,6 +502,21 @@ def test_a_recreated_cgroup_at_the_same_path_is_not_the_one_that_killed() -> Non
     assert (v.cause, v.limit_scope, v.confidence) == ("cgroup_oom", "own", "high")
     assert "raise that limit" in v.advice
     assert any("oom_kill counter" in what for _, what in v.evidence)
+
+
+def test_the_kernel_logs_oom_cgroup_wins_over_the_ancestor_walks_guess() -> None:
+    stream: list[Event] = [
+        cgroup(20, "/a"),
+        cgroup(21, "/a/b"),
+        kmsg(1.0, 100, oom_memcg="/a/b"),
+        killed(1.1, 100, signal.SIGKILL, cg=21),
+    ]
+    [v] = judge(oom(1.0, 100, limit_cgroup=20, rung="tp_btf", victim_cg=21), *stream)
+    assert (v.limit_cgroup, v.confidence) == ("/a/b", "medium")
+    assert any("/a/b" in d for d in v.disagreements)
+    # where BPF read the OOM's own memcg (oc->memcg), it stays
+    [v] = judge(oom(1.0, 100, limit_cgroup=20, rung="kprobe", victim_cg=21), *stream)
+    assert (v.limit_cgroup, v.confidence) == ("/a", "medium")
 
 
 # -- 9. one absurd timestamp -----------------------------------------------------------------

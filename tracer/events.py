@@ -371,6 +371,8 @@ class GpuSample(Event, frozen=True, tag="gpu_sample"):
     used_bytes: int
     free_bytes: int
     reserved_bytes: int | None
+    # the PCI bus id NVML gives (e.g. 00000000:3B:00.0): the kernel log names a GPU by it
+    pci_bus_id: str = ""
 
 
 class GpuProcessSample(Event, frozen=True, tag="gpu_proc_sample"):

@@ -74,6 +74,7 @@ class GpuStore:
         self.xids: deque[GpuXid] = deque(maxlen=1024)
         self.lost: deque[GpuLost] = deque(maxlen=256)
         self.devices: dict[int, deque[GpuSample]] = {}
+        self.bus_index: dict[str, int] = {}  # pci_key of a PCI bus id -> NVML index
 
     def _pid(self, pid: int) -> _PidGpu:
         item = self.by_pid.get(pid)
@@ -123,6 +124,9 @@ class GpuStore:
             self.lost.append(ev)
         elif isinstance(ev, GpuSample):
             self.devices.setdefault(ev.index, deque(maxlen=1200)).append(ev)
+            key = pci_key(ev.pci_bus_id)
+            if key is not None:
+                self.bus_index[key] = ev.index
         else:
             return False
         return True
@@ -169,6 +173,19 @@ class GpuFacts:
     own: GpuProcessSample | None  # NVML's last reading of this process before the last failure
 
 
+def pci_key(bus_id: str) -> str | None:
+    """A PCI address as the kernel log ("0000:3b:00") and NVML ("00000000:3B:00.0") print
+    it, reduced to one form (domain:bus:device), or None when it is not one."""
+    parts = bus_id.lower().removeprefix("pci:").split(":")
+    if len(parts) < 2:
+        return None
+    try:
+        dom = int(parts[-3], 16) if len(parts) >= 3 else 0
+        return f"{dom:x}:{int(parts[-2], 16):02x}:{int(parts[-1].split('.')[0], 16):02x}"
+    except ValueError:
+        return None
+
+
 def facts(store: GpuStore, ex: Exit, since: int) -> GpuFacts:
     p = store.by_pid.get(ex.pid) or _PidGpu()
     failures = tuple(e for e in p.failures if since <= e.ts <= ex.ts)
@@ -184,7 +201,10 @@ def facts(store: GpuStore, ex: Exit, since: int) -> GpuFacts:
         if isinstance(e, GpuXid) and e.pid == ex.pid:
             return True  # the driver named this process
         index = e.device_index
-        if index is None:  # (the kernel log names a PCI bus, not an NVML index)
+        if index is None:  # the kernel log names a PCI bus: NVML's bus ids map it
+            key = pci_key(e.device)
+            index = store.bus_index.get(key) if key is not None else None
+        if index is None:
             return len(known) <= 1
         if indices:
             return index in indices

@@ -252,30 +252,14 @@ def oom_kill(v: ExitView) -> Finding:
     disagree: list[str] = []
     bpf = v.ooms[-1] if v.ooms else None
     km = v.kmsg[-1] if v.kmsg else None
-    votes: list[bool] = []
-    limit_path: str | None = None
-    limit_id = 0
-    limit_bytes = usage = None
+    votes = [e.memcg for e in (bpf, km) if e is not None]
     if bpf is not None:
-        votes.append(bpf.memcg)
-        limit_id = bpf.limit_cgroup_id if bpf.memcg else 0
-        limit_path = store.path(limit_id) if limit_id else None
-        if bpf.memcg:
-            limit_bytes, usage = bpf.limit_bytes or None, bpf.usage_bytes or None
-        evidence.append((bpf.ts, say.bpf_oom(bpf, limit_path)))
+        evidence.append((bpf.ts, say.bpf_oom(bpf, store.path(bpf.limit_cgroup_id))))
     if km is not None:
-        votes.append(km.memcg)
-        if km.memcg and km.oom_memcg:
-            if limit_path is None:
-                limit_path = km.oom_memcg
-                # the cgroup at that path when it killed (a restart may have made a new one)
-                if store.path(ex.cgroup_id) == km.oom_memcg:
-                    limit_id = ex.cgroup_id
-                else:
-                    limit_id = store.id_of_path(km.oom_memcg, at=km.ts) or 0
-            elif limit_path != km.oom_memcg:
-                disagree.append(say.cgroups_disagree(km.oom_memcg, limit_path))
         evidence.append((km.ts, say.kmsg_oom(km)))
+    limit_id, limit_path, limit_bytes, usage, differ = limiting_cgroup(v, bpf, km)
+    if differ:
+        disagree.append(differ)
     oom_ts = min([o.ts for o in v.ooms] + [k.ts for k in v.kmsg])
     for s in v.signals:
         # __oom_kill_process() sends the SIGKILL just before mark_oom_victim(): the signal
@@ -285,8 +269,7 @@ def oom_kill(v: ExitView) -> Finding:
     memcg = any(votes)
     if len(set(votes)) > 1:
         disagree.append(say.CONSTRAINTS_DISAGREE)
-    sources = int(bpf is not None) + int(km is not None)
-
+    sources = len(votes)
     counter = oom_counter(store, limit_id or ex.cgroup_id, oom_ts) if memcg else None
     if counter is not None:
         evidence.append(counter)
@@ -296,27 +279,10 @@ def oom_kill(v: ExitView) -> Finding:
         evidence.append(said)
         sources += 1
     evidence.append(v.exit_ev)
-    if limit_bytes is None and limit_id:
-        info = store.cgroups.get(limit_id)
-        limit_bytes = info.limit_bytes if info else None
-
-    # the picture around the kill
-    window = oom_ts - HISTORY_NS
-    peak = peak_ts = None
-    for smp in store.samples_between(limit_id, window, oom_ts) if limit_id else []:
-        if smp.usage_bytes is not None and (peak is None or smp.usage_bytes > peak):
-            peak, peak_ts = smp.usage_bytes, smp.ts
-    if usage is not None and (peak is None or usage >= peak):
-        peak, peak_ts = usage, oom_ts
-    parts = breakdown(store, ex, km, oom_ts)
-    ancestry = store.ancestry(ex.cgroup_id)
-    stall = store.stall_ns([*ancestry, limit_id], window, oom_ts) or None
-    host = store.host_at(oom_ts)
-    host_avail = host.mem_available if host else None
+    peak, peak_ts, parts, stall, host_avail = around_kill(store, ex, km, limit_id, usage, oom_ts)
     scope = None
     if limit_id:
         scope = "own" if limit_id == ex.cgroup_id else "ancestor"
-
     confidence = HIGH if sources >= 2 and not disagree else MEDIUM if sources >= 1 else LOW
     evidence.sort()
     if memcg:
@@ -345,6 +311,61 @@ def oom_kill(v: ExitView) -> Finding:
         stall_ns=stall,
         host_available=host_avail,
     )
+
+
+# BPF rungs that read the OOM's memory cgroup from the kernel's own oom_control; the others
+# walk the victim's ancestors for one at its limit, a guess the kernel log can overrule
+_EXACT_RUNGS = frozenset(("kprobe", "fentry"))
+
+
+def limiting_cgroup(
+    v: ExitView, bpf: OomKill | None, km: KmsgOom | None
+) -> tuple[int, str | None, int | None, int | None, str | None]:
+    """The memory cgroup whose limit killed: (id, path, limit, usage at the kill, what
+    disagreed). BPF's, unless it was the ancestor walk's guess and the kernel log names
+    another (the log prints the OOM's own memcg); the kernel log's alone, as the cgroup that
+    was at that path at the kill (a restart may have made a new one there since)."""
+    ex, store = v.ex, v.ev
+    limit_id = 0
+    limit_path: str | None = None
+    limit_bytes = usage = None
+    differ = None
+    if bpf is not None and bpf.memcg:
+        limit_id = bpf.limit_cgroup_id
+        limit_path = store.path(limit_id) if limit_id else None
+        limit_bytes, usage = bpf.limit_bytes or None, bpf.usage_bytes or None
+    if km is not None and km.memcg and km.oom_memcg and limit_path != km.oom_memcg:
+        if limit_path is not None:
+            differ = say.cgroups_disagree(km.oom_memcg, limit_path)
+        if limit_path is None or (bpf is not None and bpf.rung not in _EXACT_RUNGS):
+            limit_path = km.oom_memcg
+            if store.path(ex.cgroup_id) == km.oom_memcg:
+                limit_id = ex.cgroup_id
+            else:
+                limit_id = store.id_of_path(km.oom_memcg, at=km.ts) or 0
+            limit_bytes = usage = None
+    if limit_bytes is None and limit_id:
+        info = store.cgroups.get(limit_id)
+        limit_bytes = info.limit_bytes if info else None
+    return limit_id, limit_path, limit_bytes, usage, differ
+
+
+def around_kill(
+    store: Evidence, ex: Exit, km: KmsgOom | None, limit_id: int, usage: int | None, oom_ts: int
+) -> tuple[int | None, int | None, tuple[tuple[str, int], ...], int | None, int | None]:
+    """The picture around an OOM kill: (peak usage of the limiting cgroup and when, the
+    memory breakdown, reclaim stall time in the minute before, the host's available memory)."""
+    window = oom_ts - HISTORY_NS
+    peak = peak_ts = None
+    for smp in store.samples_between(limit_id, window, oom_ts) if limit_id else []:
+        if smp.usage_bytes is not None and (peak is None or smp.usage_bytes > peak):
+            peak, peak_ts = smp.usage_bytes, smp.ts
+    if usage is not None and (peak is None or usage >= peak):
+        peak, peak_ts = usage, oom_ts
+    parts = breakdown(store, ex, km, oom_ts)
+    stall = store.stall_ns([*store.ancestry(ex.cgroup_id), limit_id], window, oom_ts) or None
+    host = store.host_at(oom_ts)
+    return peak, peak_ts, parts, stall, host.mem_available if host else None
 
 
 def oom_counter(store: Evidence, cgroup_id: int, oom_ts: int) -> Evidence_ | None:
@@ -554,16 +575,7 @@ def signal_exit(v: ExitView, had_oom: bool) -> Finding:
         probe = probe_kill(v, last, who, how, evidence, disagree)
         if probe is not None:
             return probe
-    if who.role == senders.ROLE_OOM_DAEMON:
-        summary, advice = say.oom_daemon_text(who.description, how)
-    elif who.role == senders.ROLE_KUBELET:
-        summary, advice = say.kubelet_text(how)
-    elif who.role == senders.ROLE_SUPERVISOR:
-        summary, advice = say.supervisor_text(who.description, how)
-    else:
-        summary, advice = say.other_sender_text(
-            who.description, how, last.sender_comm, last.sender_pid
-        )
+    summary, advice = say.sender_text(who, how, last.sender_comm, last.sender_pid)
     return Finding(
         SIGNAL_KILL,
         HIGH,

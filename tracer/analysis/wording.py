@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 
 from tracer.analysis.quantities import fmt_bytes, fmt_duration
+from tracer.analysis.senders import ROLE_KUBELET, ROLE_OOM_DAEMON, ROLE_SUPERVISOR, Sender
 from tracer.events import Exit, KmsgOom, OomKill, ProbeSample, signal_name
 
 # -- exits -----------------------------------------------------------------------------------
@@ -275,6 +276,17 @@ def supervisor_text(who: str, how: str) -> tuple[str, str]:
         "the supervisor stopped it (a stop, redeploy or restart policy): check "
         "the supervisor's log for why",
     )
+
+
+def sender_text(who: Sender, how: str, sender_comm: str, sender_pid: int) -> tuple[str, str]:
+    """A kill by another process, worded by who sent it."""
+    if who.role == ROLE_OOM_DAEMON:
+        return oom_daemon_text(who.description, how)
+    if who.role == ROLE_KUBELET:
+        return kubelet_text(how)
+    if who.role == ROLE_SUPERVISOR:
+        return supervisor_text(who.description, how)
+    return other_sender_text(who.description, how, sender_comm, sender_pid)
 
 
 def other_sender_text(who: str, how: str, sender_comm: str, sender_pid: int) -> tuple[str, str]:

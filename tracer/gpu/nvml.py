@@ -85,6 +85,7 @@ class _Device:
     uuid: str
     name: str
     memory_v2: bool = True  # until the driver refuses the v2 struct
+    bus_id: str = ""  # its PCI bus id: the kernel log's Xid lines name the GPU by it
 
 
 def _code(exc: BaseException) -> int | None:
@@ -138,6 +139,7 @@ def open_nvml(
                     handle,
                     _text(pynvml.nvmlDeviceGetUUID, handle),
                     _text(pynvml.nvmlDeviceGetName, handle),
+                    bus_id=_text(lambda h: pynvml.nvmlDeviceGetPciInfo(h).busId, handle),
                 )
             )
     except pynvml.NVMLError as exc:
@@ -231,6 +233,7 @@ class NvmlSampler:
                     used_bytes=int(mem.used),
                     free_bytes=int(mem.free),
                     reserved_bytes=int(mem.reserved) if d.memory_v2 else None,
+                    pci_bus_id=d.bus_id,
                 )
             )
             out += self._processes(d, now)
