@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,9 +31,14 @@ IMAGE = f"localhost/whyrestart-test-busybox:{os.getpid()}"
 BUSYBOX = "/bin/busybox"
 
 
+# conmon writes a file named "oom" into its working directory (inherited from `podman start`)
+# when its container is OOM-killed: run podman from a scratch directory, not the checkout
+_CWD = tempfile.mkdtemp(prefix="wr-test-podman-")
+
+
 def podman(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        ["podman", *args], capture_output=True, text=True, check=check, timeout=120
+        ["podman", *args], capture_output=True, text=True, check=check, timeout=120, cwd=_CWD
     )
 
 

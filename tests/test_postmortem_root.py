@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -32,9 +33,14 @@ MiB = 1 << 20
 HOG = "chunks = []\nwhile True:\n    chunks.append(b'x' * (1 << 20))\n"
 
 
+# conmon writes a file named "oom" into its working directory (inherited from `podman run`)
+# when its container is OOM-killed: run podman from a scratch directory, not the checkout
+_CWD = tempfile.mkdtemp(prefix="wr-pm-podman-")
+
+
 def podman(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        ["podman", *args], capture_output=True, text=True, check=check, timeout=120
+        ["podman", *args], capture_output=True, text=True, check=check, timeout=120, cwd=_CWD
     )
 
 
