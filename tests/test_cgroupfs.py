@@ -1,5 +1,5 @@
 # ruff: noqa: E501  (mountinfo fixtures are kept verbatim, long lines and all)
-"""Tests for tracer.sources.cgroupfs.
+"""Tests for tracer.sources.cgroupfs and its parsers (tracer.parse.cgroup).
 
 Tier 1 runs everywhere: parsers on fixture text copied in the shape of real hosts, and the
 resolver on directory trees built in tmp_path (cgroup ids there are the tmp dirs' real st_ino).
@@ -23,18 +23,20 @@ from hypothesis import strategies as st
 
 from tracer.errors import KernelUnsupported, UsageError
 from tracer.events import CgroupInfo
-from tracer.sources.cgroupfs import (
-    CgroupLayout,
-    CgroupResolver,
-    ChildCgroup,
+from tracer.parse.cgroup import (
     Mount,
     ProcCgroupLine,
-    detect_layout,
-    own_memory_cgroup,
     parse_flat_keyed,
     parse_limit,
     parse_mountinfo,
     parse_proc_cgroup,
+)
+from tracer.sources.cgroupfs import (
+    CgroupLayout,
+    CgroupResolver,
+    ChildCgroup,
+    detect_layout,
+    own_memory_cgroup,
 )
 
 MiB = 1 << 20

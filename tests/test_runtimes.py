@@ -39,6 +39,7 @@ from typing import Any
 import pytest
 
 from tracer.analysis.units import unit_of_cgroup
+from tracer.parse.cgroup import memory_path
 from tracer.runtimes import (
     ContainerInfo,
     DockerRuntime,
@@ -50,7 +51,7 @@ from tracer.runtimes import (
     SystemdRuntime,
     detect,
 )
-from tracer.runtimes.base import k8s_names, parse_proc_cgroup, restart_policy_text
+from tracer.runtimes.base import k8s_names, restart_policy_text
 from tracer.runtimes.docker import docker_hosts, info_from_docker_inspect
 from tracer.runtimes.podman import info_from_podman_inspect
 from tracer.runtimes.systemd import info_from_systemctl_show, parse_systemctl_show
@@ -204,14 +205,14 @@ def test_parse_proc_cgroup() -> None:
         "1:cpu:/libpod_parent/libpod-4dc2\n"
         "0::/libpod_parent/libpod-4dc2\n"
     )
-    assert parse_proc_cgroup(hybrid) == "/libpod_parent/libpod-4dc2"
+    assert memory_path(hybrid) == "/libpod_parent/libpod-4dc2"
     # Memory controller co-mounted with others (Debian 9 style "cpu,cpuacct,memory" is rare,
     # but the controller list is comma separated).
-    assert parse_proc_cgroup("5:blkio,memory:/docker/abc\n0::/\n") == "/docker/abc"
+    assert memory_path("5:blkio,memory:/docker/abc\n0::/\n") == "/docker/abc"
     v2 = "0::/system.slice/docker-4c0d3b8a1f2e.scope\n"
-    assert parse_proc_cgroup(v2) == "/system.slice/docker-4c0d3b8a1f2e.scope"
-    assert parse_proc_cgroup("") is None
-    assert parse_proc_cgroup("garbage\n9:name=systemd:/x\n") is None
+    assert memory_path(v2) == "/system.slice/docker-4c0d3b8a1f2e.scope"
+    assert memory_path("") is None
+    assert memory_path("garbage\n9:name=systemd:/x\n") is None
 
 
 # =============================================================================================
@@ -898,7 +899,7 @@ def test_podman_running_container_cgroup(podman: Podman) -> None:
         # cgroupfs manager (containers.conf): podman's own parent cgroup, libpod-<id> below it.
         assert info.cgroup_path == f"/libpod_parent/libpod-{cid}"
         with open(f"/proc/{info.pid}/cgroup") as f:
-            assert parse_proc_cgroup(f.read()) == info.cgroup_path
+            assert memory_path(f.read()) == info.cgroup_path
         unit = unit_of_cgroup(info.cgroup_path)
         assert unit is not None and (unit.kind, unit.key) == ("podman", cid)
         v1 = f"/sys/fs/cgroup/memory{info.cgroup_path}/memory.limit_in_bytes"

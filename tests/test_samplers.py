@@ -53,6 +53,7 @@ from tracer.events import (
     SampleError,
     from_record,
 )
+from tracer.parse.cgroup import parse_flat_keyed
 from tracer.parse.memory import (
     STAT_KEYS,
     Pressure,
@@ -70,7 +71,6 @@ from tracer.sources.cgroupfs import (
     CgroupResolver,
     ChildCgroup,
     own_memory_cgroup,
-    parse_flat_keyed,
 )
 from tracer.sources.samplers import (
     CgroupSampler,

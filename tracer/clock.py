@@ -13,6 +13,7 @@ themselves are pure (``wall_to_boottime``, ``parse_rfc3339_ns``) and tested with
 from __future__ import annotations
 
 import calendar
+import datetime
 import re
 import time
 
@@ -44,6 +45,12 @@ def realtime_offset_ns() -> int:
 def monotonic_offset_ns() -> int:
     """CLOCK_MONOTONIC minus CLOCK_BOOTTIME now: minus the time the machine spent suspended."""
     return _offset(time.CLOCK_MONOTONIC)
+
+
+def wall_time(ts: int, realtime_offset: int) -> datetime.datetime:
+    """A CLOCK_BOOTTIME timestamp as wall-clock time (UTC), through an offset such as a trace
+    header's ``clock_offset_ns``: the one conversion every display of wall-clock time uses."""
+    return datetime.datetime.fromtimestamp((ts + realtime_offset) / 1e9, tz=datetime.UTC)
 
 
 def wall_to_boottime(wall_ns: int, realtime_offset: int) -> int:

@@ -40,7 +40,7 @@ def main() -> int:
         f"demo: 1/3 a memory hog in {parent.rstrip('/')}/{name} limited to 64 MiB", file=sys.stderr
     )
     with ChildCgroup(parent, name, LIMIT, layout=layout) as cg:
-        rc = run_hog(os.path.join(cg.abs_path, "cgroup.procs"))
+        rc = run_hog(cg.procs_file)
     print(f"demo:     the hog ended with status {rc}", file=sys.stderr)
 
     print("demo: 2/3 a process that exits with code 3", file=sys.stderr)

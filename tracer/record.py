@@ -30,11 +30,12 @@ import psutil
 from tracer import __version__, selfguard
 from tracer.analysis.verdicts import Analyzer, Restart, Verdict
 from tracer.bpf import hooks, layout
-from tracer.clock import boottime_ns
+from tracer.clock import boottime_ns, realtime_offset_ns
 from tracer.errors import KernelUnsupported, OutputError, PermissionProblem, UsageError
 from tracer.events import Event
 from tracer.follow import Follower, ProbeSetup
 from tracer.gpu.side import GpuSide
+from tracer.parse.cgroup import parse_proc_cgroup
 from tracer.pipeline.core import Enricher, Pipeline, Source, header_parts
 from tracer.pipeline.enrich import CgroupNamer, Follow, WatchSet
 from tracer.pipeline.sinks import AnalyzerSink, TraceSink
@@ -47,7 +48,7 @@ from tracer.pipeline.sources import (
     SamplerSource,
 )
 from tracer.sources import system
-from tracer.sources.cgroupfs import CgroupLayout, CgroupResolver, parse_proc_cgroup
+from tracer.sources.cgroupfs import CgroupLayout, CgroupResolver
 from tracer.sources.samplers import DEFAULT_INTERVAL_NS, SamplerSet
 from tracer.spawn import STOP_GRACE_S, STOP_SIGNALS, GatedChild
 from tracer.trace.format import SCHEMA_VERSION, TraceFooter, TraceHeader
@@ -371,7 +372,7 @@ class Recorder:
                 host=platform.node(),
                 kernel=platform.release(),
                 cgroup=dataclasses.asdict(cg_layout),
-                clock_offset_ns=time.time_ns() - start_ns,
+                clock_offset_ns=realtime_offset_ns(),
                 hooks=parts.hooks,
                 targets=self.targets.describe(),
                 started_ns=start_ns,

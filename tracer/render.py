@@ -6,7 +6,6 @@ gives the clock offset, as wall-clock time: the only place wall-clock time appea
 
 from __future__ import annotations
 
-import datetime as _dt
 from collections import Counter
 from collections.abc import Callable, Iterable
 
@@ -14,6 +13,7 @@ from tracer import safetext
 from tracer.analysis import gpu as gpu_rules
 from tracer.analysis.quantities import fmt_bytes
 from tracer.analysis.verdicts import Restart, Verdict, describe_status
+from tracer.clock import wall_time
 from tracer.events import (
     SI_KERNEL,
     CgroupInfo,
@@ -49,8 +49,7 @@ class Clock:
     def wall(self, ts: int) -> str:
         if self.offset_ns is None:
             return self.rel(ts)
-        t = _dt.datetime.fromtimestamp((ts + self.offset_ns) / 1e9, tz=_dt.UTC)
-        return t.strftime("%H:%M:%S.%f")[:-3]
+        return wall_time(ts, self.offset_ns).strftime("%H:%M:%S.%f")[:-3]
 
 
 def describe(ev: Event, cgroup_path: Callable[[int], str | None]) -> str | None:

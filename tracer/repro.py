@@ -505,9 +505,11 @@ class Comparison:
     def _setting_name(self) -> str:
         if self.plan.kind == PROBE_TIMEOUT:
             return "probe timeout"
+        from tracer.parse.cgroup import MEMORY_FILES, MEMORY_V2
+
         if self.plan.kind == MEMORY_HIGH:
-            return "memory.high"
-        return "memory.max" if self.cgroup_version == 2 else "memory.limit_in_bytes"
+            return MEMORY_V2.high
+        return MEMORY_FILES[self.cgroup_version].limit
 
     @staticmethod
     def _row_verdict(r: RunResult) -> str:
@@ -589,11 +591,13 @@ def in_cgroup(procs_file: str, argv: Sequence[str]) -> list[str]:
 
 def safety_cap(meminfo: str = "/proc/meminfo") -> int:
     """80% of MemAvailable: the limit a run gets when no memory limit is given."""
+    from tracer.parse.memory import parse_meminfo
+
     with open(meminfo, encoding="ascii") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(int(line.split()[1]) * 1024 * SAFETY_CAP_FRACTION)
-    raise UsageError("cannot read MemAvailable from /proc/meminfo", fix="give --memory-max")
+        available = parse_meminfo(f.read(), ("MemAvailable",)).get("MemAvailable")
+    if available is None:
+        raise UsageError("cannot read MemAvailable from /proc/meminfo", fix="give --memory-max")
+    return int(available * SAFETY_CAP_FRACTION)
 
 
 def default_parent(layout: CgroupLayout) -> str:
@@ -778,7 +782,7 @@ class Experiment:
         name = f"whyrestart-repro-{os.getpid()}-{n}"
         live: _Liveness | None = None
         with ChildCgroup(parent, name, limit, high_bytes=high, layout=layout) as cg:
-            procs = os.path.join(cg.abs_path, "cgroup.procs")
+            procs = cg.procs_file
             if plan.probe is not None:
                 timeout = setting.value if plan.kind == PROBE_TIMEOUT else plan.probe_timeout_s
                 assert timeout is not None
@@ -801,7 +805,7 @@ class Experiment:
             finally:
                 if live is not None:
                     live.stop()
-            result.peak_bytes = _read_peak(cg.abs_path, layout.memory_version)
+            result.peak_bytes = cg.peak()
             cgroup_id = cg.cgroup_id
         self._fill(result, rec_result, cgroup_id, live)
         self.progress(f"repro: run {n}/{total}: {what} -> {self._describe(result)}")
@@ -909,17 +913,6 @@ def _catch_stop_signals(note: Callable[[int], None]) -> dict[int, Any]:
         with contextlib.suppress(ValueError):
             prev[sig] = signal.signal(sig, lambda signum, _frame: note(signum))
     return prev
-
-
-def _read_peak(abs_path: str, version: int | None) -> int | None:
-    """The kernel's own high-water mark of the run cgroup (v1 memory.max_usage_in_bytes, v2
-    memory.peak, Linux 5.19+): exact, where samples can miss a short peak."""
-    name = "memory.max_usage_in_bytes" if version == 1 else "memory.peak"
-    try:
-        with open(os.path.join(abs_path, name), encoding="ascii") as f:
-            return int(f.read().strip())
-    except (OSError, ValueError):
-        return None
 
 
 __all__ = [

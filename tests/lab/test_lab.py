@@ -25,9 +25,10 @@ import pytest
 from tracer.bpf import hooks, layout
 from tracer.errors import BpfError
 from tracer.events import Event, Exit, KmsgOom, OomKill, ReclaimStall, ReclaimSummary
+from tracer.parse.cgroup import parse_flat_keyed
 from tracer.record import Recorder, RecordResult, Targets
 from tracer.sources import system
-from tracer.sources.cgroupfs import CgroupLayout, ChildCgroup, own_memory_cgroup, parse_flat_keyed
+from tracer.sources.cgroupfs import CgroupLayout, ChildCgroup, own_memory_cgroup
 from tracer.trace.reader import read_trace
 
 pytestmark = pytest.mark.lab

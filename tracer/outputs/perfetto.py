@@ -20,7 +20,6 @@ Timestamps are microseconds since the start of the recording (floats keep nanose
 
 from __future__ import annotations
 
-import datetime as _dt
 import os
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -28,6 +27,7 @@ from typing import Any
 import orjson
 
 from tracer import __version__, safetext
+from tracer.clock import wall_time
 from tracer.errors import OutputError
 from tracer.outputs.timeline import (
     OOM,
@@ -326,11 +326,7 @@ def export(t: Timeline, source: str) -> dict[str, Any]:
         w.unit(pid, u)
     w.host(t.host)
     offset = t.header.clock_offset_ns
-    started = (
-        _dt.datetime.fromtimestamp((t.start_ns + offset) / 1e9, tz=_dt.UTC).isoformat()
-        if offset is not None
-        else None
-    )
+    started = wall_time(t.start_ns, offset).isoformat() if offset is not None else None
     events = sorted(w.events, key=lambda e: (e["ts"], e["pid"], e["ph"]))
     return {
         "traceEvents": w.meta + events,

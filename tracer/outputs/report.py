@@ -22,7 +22,6 @@ it when it is missing.
 
 from __future__ import annotations
 
-import datetime as _dt
 import html
 import io
 import os
@@ -34,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from tracer import __version__, safetext
 from tracer.analysis.quantities import fmt_bytes, fmt_duration
 from tracer.analysis.verdicts import Verdict
+from tracer.clock import wall_time
 from tracer.errors import OutputError, WhyrestartError
 from tracer.outputs.timeline import (
     GPU_DOWN,
@@ -135,8 +135,7 @@ def _wall(t: Timeline, ts: int) -> str:
     off = t.header.clock_offset_ns
     if off is None:
         return f"+{t.rel_s(ts):.3f}s"
-    when = _dt.datetime.fromtimestamp((ts + off) / 1e9, tz=_dt.UTC)
-    return when.strftime("%Y-%m-%d %H:%M:%S UTC")
+    return wall_time(ts, off).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _rel(t: Timeline, ts: int) -> str:

@@ -4,13 +4,13 @@ records the next one. Pure string and dict building."""
 
 from __future__ import annotations
 
-import datetime as _dt
 import shlex
 from typing import Any
 
 from tracer import safetext
 from tracer.analysis.quantities import fmt_bytes
 from tracer.analysis.verdicts import Verdict
+from tracer.clock import wall_time
 from tracer.postmortem.correlate import Assembled, Facts
 from tracer.render import Clock, verdict_table
 
@@ -26,8 +26,11 @@ class WallClock(Clock):
 
 
 def iso(ts: int, facts: Facts) -> str:
-    t = _dt.datetime.fromtimestamp((ts + facts.realtime_offset) / 1e9, tz=_dt.UTC)
-    return t.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return (
+        wall_time(ts, facts.realtime_offset)
+        .isoformat(timespec="milliseconds")
+        .replace("+00:00", "Z")
+    )
 
 
 def record_command(facts: Facts) -> str:

@@ -6,9 +6,9 @@ This module owns:
 * ``Runtime``: the small interface the recorder and the CLI use (``available``, ``find``,
   ``by_id``, ``restart_count``), whichever supervisor answers (podman, Docker, systemd);
 * the shared plumbing: running a command with a timeout (``run_command``), reading a process's
-  memory-cgroup path from ``/proc/PID/cgroup`` (``parse_proc_cgroup``, ``cgroup_path_of_pid``),
-  Kubernetes names from Docker-style labels and names (``k8s_names``), and saying each failure
-  once (``ReasonLog``).
+  memory-cgroup path from ``/proc/PID/cgroup`` (``cgroup_path_of_pid``; the text is parsed by
+  ``tracer.parse.cgroup``), Kubernetes names from Docker-style labels and names
+  (``k8s_names``), and saying each failure once (``ReasonLog``).
 
 Contract with the recorder: a runtime lookup never raises. A supervisor that is slow, gone,
 confused or lying is the normal case when a host is in trouble (which is when whyrestart runs),
@@ -28,6 +28,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tracer.parse.cgroup import memory_path
+
 __all__ = [
     "ContainerInfo",
     "LookupFailed",
@@ -35,7 +37,6 @@ __all__ = [
     "Runtime",
     "cgroup_path_of_pid",
     "k8s_names",
-    "parse_proc_cgroup",
     "run_command",
 ]
 
@@ -213,33 +214,13 @@ def first_line(text: str) -> str:
 # /proc/PID/cgroup
 
 
-def parse_proc_cgroup(text: str) -> str | None:
-    """The memory-hierarchy path from ``/proc/PID/cgroup`` text.
-
-    The v1 memory controller's line (``4:memory:/libpod_parent/libpod-<id>``) wins; without
-    one (a pure v2 host) the unified line (``0::/system.slice/x.service``) is the memory
-    hierarchy. None when neither is there.
-    """
-    unified: str | None = None
-    for line in text.splitlines():
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        _hier, controllers, path = parts
-        if "memory" in controllers.split(","):
-            return path
-        if controllers == "" and _hier == "0":
-            unified = path
-    return unified
-
-
 def cgroup_path_of_pid(pid: int, proc_root: str = "/proc") -> str | None:
     """The memory-cgroup path of a live process, None when it is gone or unreadable."""
     if pid <= 0:
         return None
     try:
         with open(os.path.join(proc_root, str(pid), "cgroup"), encoding="utf-8") as f:
-            return parse_proc_cgroup(f.read())
+            return memory_path(f.read())
     except OSError:
         return None
 

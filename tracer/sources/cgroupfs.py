@@ -1,12 +1,11 @@
 """Cgroup filesystem knowledge: which hierarchy holds the memory controller, what a cgroup id
 names, which memory limit applies, and (for tests and the lab) throwaway child cgroups.
 
-This module owns every read of cgroupfs and of ``/proc/PID/cgroup`` / ``/proc/self/mountinfo``.
+This module owns every read of cgroupfs and of ``/proc/PID/cgroup`` / ``/proc/self/mountinfo``
+(the text itself is parsed by ``tracer.parse.cgroup``, which also spells the v1/v2 file names).
 It is split in three layers:
 
-* pure parsers (``parse_mountinfo``, ``parse_proc_cgroup``, ``parse_limit``,
-  ``parse_flat_keyed``, ``detect_layout``) that take text and return data, never touching the
-  filesystem, so the odd shapes of real hosts are tested from fixture text;
+* ``detect_layout``, pure: which mount holds the memory controller;
 * ``CgroupLayout`` / ``CgroupResolver``, which read the live hierarchy, rooted at injectable
   paths (``proc_root``, the layout's mount points) so tests run them on trees in a tmp dir;
 * ``ChildCgroup``, a context manager that creates, limits, fills, and removes a child memory
@@ -30,60 +29,42 @@ import contextlib
 import errno
 import os
 import posixpath
-import re
 import signal
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Literal
 
 from tracer.errors import KernelUnsupported, PermissionProblem, UsageError
 from tracer.events import CgroupInfo
+from tracer.parse.cgroup import (
+    CGROUP_PROCS,
+    MEMORY_FILES,
+    MEMORY_V2,
+    MemoryFiles,
+    Mount,
+    ProcCgroupLine,
+    parse_limit,
+    parse_mountinfo,
+    parse_pids,
+    parse_proc_cgroup,
+)
+from tracer.parse.memory import parse_uint
 
 __all__ = [
     "CgroupLayout",
     "CgroupResolver",
     "ChildCgroup",
     "LayoutMode",
-    "Mount",
-    "ProcCgroupLine",
     "detect_layout",
     "own_memory_cgroup",
-    "parse_flat_keyed",
-    "parse_limit",
-    "parse_mountinfo",
-    "parse_proc_cgroup",
+    "relative",
+    "under",
 ]
 
 LayoutMode = Literal["v1", "v2", "hybrid", "none"]
-
-# v1 prints "no limit" as PAGE_COUNTER_MAX pages in bytes: LONG_MAX rounded down to the page
-# size (9223372036854771712 with 4 KiB pages, 9223372036854710272 with 64 KiB pages). Any value
-# at or above 2**62 bytes (4 EiB) is no real limit, whatever the page size, so it means None.
-_UNLIMITED_MIN = 1 << 62
-
-# Super options of a v1 cgroup mount that are flags, not controllers (``name=...`` and other
-# ``key=value`` options are recognised by their "=").
-_V1_FLAG_OPTIONS = frozenset(
-    {
-        "rw",
-        "ro",
-        "none",
-        "seclabel",  # SELinux hosts (CentOS/RHEL) list it among the super options
-        "xattr",
-        "noprefix",
-        "clone_children",
-        "cpuset_v2_mode",
-        "favordynmods",
-        "nsdelegate",
-        "memory_localevents",
-        "memory_recursiveprot",
-        "memory_hugetlb_accounting",
-        "pids_localevents",
-    }
-)
 
 # Directories the resolver remembers. Old entries are kept on purpose (a cgroup that vanished is
 # still named by the trace), but a host that churns through pods must not grow us forever.
@@ -92,159 +73,6 @@ DEFAULT_MAX_ENTRIES = 65536
 # The fixed path every distribution mounts cgroups under; preferred when a hierarchy is mounted
 # more than once (bind mounts into containers, tools' private mounts).
 _CANONICAL_PREFIX = "/sys/fs/cgroup"
-
-
-# ---------------------------------------------------------------------------------------------
-# Pure parsers
-
-
-@dataclass(frozen=True, slots=True)
-class Mount:
-    """One line of ``/proc/PID/mountinfo`` (see proc(5))."""
-
-    mount_id: int
-    parent_id: int
-    root: str  # the directory of the filesystem this mount shows ("/docker/<id>" in a container)
-    mount_point: str
-    options: tuple[str, ...]  # per-mount options (rw, nosuid, relatime, ...)
-    fstype: str
-    source: str
-    super_options: tuple[str, ...]  # per-superblock options: for cgroup v1, the controllers
-
-    @property
-    def controllers(self) -> tuple[str, ...]:
-        """The v1 controllers bound to this hierarchy (``("cpu", "cpuacct")``); empty for v2
-        and for named hierarchies such as ``name=systemd``."""
-        if self.fstype != "cgroup":
-            return ()
-        return tuple(o for o in self.super_options if "=" not in o and o not in _V1_FLAG_OPTIONS)
-
-
-_OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")
-
-
-def _unescape_mount_field(field: str) -> str:
-    # The kernel writes space, tab, newline and backslash in paths as \040 \011 \012 \134.
-    return _OCTAL_ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), field)
-
-
-def parse_mountinfo(
-    text: str, fstypes: Collection[str] | None = ("cgroup", "cgroup2")
-) -> list[Mount]:
-    """Parse mountinfo text; keep only mounts whose fstype is in ``fstypes`` (all when None).
-
-    By default only cgroup v1 (``cgroup``) and v2 (``cgroup2``) mounts are returned, in file
-    order. Malformed lines are skipped.
-    """
-    mounts: list[Mount] = []
-    for line in text.splitlines():
-        fields = line.split()
-        # id parent maj:min root mount_point options [optional...] - fstype source super_options
-        try:
-            sep = fields.index("-", 6)
-        except ValueError:
-            continue
-        if len(fields) < sep + 3 or sep < 6:
-            continue
-        fstype = fields[sep + 1]
-        if fstypes is not None and fstype not in fstypes:
-            continue
-        try:
-            mount_id, parent_id = int(fields[0]), int(fields[1])
-        except ValueError:
-            continue
-        super_opts = fields[sep + 3] if len(fields) > sep + 3 else ""
-        mounts.append(
-            Mount(
-                mount_id=mount_id,
-                parent_id=parent_id,
-                root=_unescape_mount_field(fields[3]),
-                mount_point=_unescape_mount_field(fields[4]),
-                options=tuple(fields[5].split(",")),
-                fstype=fstype,
-                source=_unescape_mount_field(fields[sep + 2]),
-                super_options=tuple(o for o in super_opts.split(",") if o),
-            )
-        )
-    return mounts
-
-
-@dataclass(frozen=True, slots=True)
-class ProcCgroupLine:
-    """One line of ``/proc/PID/cgroup``: ``hierarchy-id:controllers:path``."""
-
-    hierarchy_id: int  # 0 for the v2 unified hierarchy
-    controllers: tuple[str, ...]  # ("cpu", "cpuacct"), ("name=systemd",), () for v2
-    path: str  # relative to the reader's cgroup namespace root, starts with "/"
-    deleted: bool = False  # v2 marks a removed cgroup with a " (deleted)" suffix
-
-
-_DELETED_SUFFIX = " (deleted)"
-
-
-def parse_proc_cgroup(text: str) -> list[ProcCgroupLine]:
-    """Parse ``/proc/PID/cgroup`` text. Malformed lines are skipped.
-
-    The path is everything after the second colon (a path may itself contain colons).
-    """
-    lines: list[ProcCgroupLine] = []
-    for raw in text.splitlines():
-        parts = raw.split(":", 2)
-        if len(parts) != 3:
-            continue
-        hid, ctrls, path = parts
-        try:
-            hierarchy_id = int(hid)
-        except ValueError:
-            continue
-        if not path.startswith("/"):
-            continue
-        deleted = path.endswith(_DELETED_SUFFIX)
-        if deleted:
-            path = path[: -len(_DELETED_SUFFIX)]
-        controllers = tuple(c for c in ctrls.split(",") if c)
-        lines.append(ProcCgroupLine(hierarchy_id, controllers, path, deleted))
-    return lines
-
-
-def parse_limit(text: str, version: int) -> int | None:
-    """A memory limit file's value in bytes, or None for "unlimited" or unreadable text.
-
-    ``version`` 1: ``memory.limit_in_bytes``, a number; the kernel's "no limit" is a value near
-    2**63 (page-size dependent), mapped to None. ``version`` 2: ``memory.max`` (or
-    ``memory.high``), a number or ``max``. Either version accepts the other's spelling, since
-    being lenient costs nothing here.
-    """
-    value = text.strip()
-    if value == "max":
-        return None
-    if version not in (1, 2):
-        return None
-    try:
-        n = int(value)
-    except ValueError:
-        return None
-    if n < 0 or n >= _UNLIMITED_MIN:
-        return None
-    return n
-
-
-def parse_flat_keyed(text: str) -> dict[str, int]:
-    """Parse "key value" lines (``memory.stat``, ``memory.events``, ``memory.oom_control``).
-
-    Lines that are not exactly a key and an integer are skipped; a repeated key keeps the last
-    value.
-    """
-    out: dict[str, int] = {}
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) != 2:
-            continue
-        try:
-            out[parts[0]] = int(parts[1])
-        except ValueError:
-            continue
-    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -365,15 +193,19 @@ def _norm(path: str) -> str:
     return posixpath.normpath("/" + path.lstrip("/"))
 
 
-def _parse_pids(text: str | None) -> list[int]:
-    pids: list[int] = []
-    for line in (text or "").split():
-        with contextlib.suppress(ValueError):
-            pid = int(line)
-            # 0 is how cgroup.procs shows a process outside the reader's pid namespace.
-            if pid > 0:
-                pids.append(pid)
-    return pids
+def relative(layout: CgroupLayout, path: str) -> str:
+    """``path`` relative to the memory hierarchy root, in canonical form ("/a/b"); a path that
+    starts with the mount point itself ("/sys/fs/cgroup/memory/a/b") is accepted too."""
+    root = (layout.memory_root or "").rstrip("/")
+    if root and (path == root or path.startswith(root + "/")):
+        path = path[len(root) :]
+    return _norm(path)
+
+
+def under(root: str, rel: str) -> str:
+    """The directory of the canonical cgroup path ``rel`` below the hierarchy mounted at
+    ``root``."""
+    return root if rel == "/" else root.rstrip("/") + rel
 
 
 # ---------------------------------------------------------------------------------------------
@@ -410,10 +242,7 @@ class CgroupResolver:
 
     def _abs(self, path: str) -> str | None:
         root = self.layout.memory_root
-        if root is None:
-            return None
-        rel = _norm(path)
-        return root if rel == "/" else root.rstrip("/") + rel
+        return None if root is None else under(root, _norm(path))
 
     def _remember(self, cgroup_id: int, path: str) -> None:
         # Re-seen entries move to the young end so "oldest" means "longest unseen".
@@ -480,7 +309,7 @@ class CgroupResolver:
                 f"cgroup {path}: no cgroup hierarchy with the memory controller is mounted",
                 fix="mount the memory controller (cgroup v1 memory or cgroup2 with memory)",
             )
-        rel = self._strip_mount_point(path)
+        rel = relative(self.layout, path)
         abs_path = self._abs(rel)
         assert abs_path is not None  # memory_root is set
         try:
@@ -495,24 +324,28 @@ class CgroupResolver:
         self._remember(st.st_ino, _norm(rel))
         return st.st_ino
 
-    def _strip_mount_point(self, path: str) -> str:
-        root = (self.layout.memory_root or "").rstrip("/")
-        if root and (path == root or path.startswith(root + "/")):
-            return _norm(path[len(root) :])
-        return _norm(path)
-
     # -- limits --------------------------------------------------------------------------------
 
     def limit_of(self, path: str) -> int | None:
         """The memory limit set on ``path`` itself (v1 ``memory.limit_in_bytes``, v2
         ``memory.max``); None when unlimited, when the cgroup is gone, or at the v2 root."""
         version = self.layout.memory_version
+        text = self._read_memory_file(path, lambda files: files.limit)
+        return None if text is None or version is None else parse_limit(text, version)
+
+    def peak_of(self, path: str) -> int | None:
+        """The kernel's own high-water mark of ``path`` (v1 ``memory.max_usage_in_bytes``, v2
+        ``memory.peak``, Linux 5.19+): exact, where samples can miss a short peak. None when
+        the kernel has no such file or the cgroup is gone."""
+        text = self._read_memory_file(path, lambda files: files.peak)
+        return parse_uint(text) if text is not None else None
+
+    def _read_memory_file(self, path: str, name: Callable[[MemoryFiles], str]) -> str | None:
+        version = self.layout.memory_version
         abs_path = self._abs(path)
         if abs_path is None or version is None:
             return None
-        name = "memory.limit_in_bytes" if version == 1 else "memory.max"
-        text = _read_text(os.path.join(abs_path, name))
-        return None if text is None else parse_limit(text, version)
+        return _read_text(os.path.join(abs_path, name(MEMORY_FILES[version])))
 
     @staticmethod
     def ancestors(path: str) -> list[str]:
@@ -579,7 +412,7 @@ class CgroupResolver:
         abs_path = self._abs(path)
         if abs_path is None:
             return []
-        return _parse_pids(_read_text(os.path.join(abs_path, "cgroup.procs")))
+        return parse_pids(_read_text(os.path.join(abs_path, CGROUP_PROCS)))
 
 
 def _memory_path(lines: list[ProcCgroupLine], layout: CgroupLayout) -> str | None:
@@ -720,6 +553,15 @@ class ChildCgroup:
         assert abs_path is not None
         return abs_path
 
+    @property
+    def procs_file(self) -> str:
+        """The child's ``cgroup.procs``: writing a pid there moves that process in."""
+        return os.path.join(self.abs_path, CGROUP_PROCS)
+
+    def peak(self) -> int | None:
+        """The child's high-water mark (``CgroupResolver.peak_of``)."""
+        return self._require_resolver().peak_of(self.path)
+
     def _require_resolver(self) -> CgroupResolver:
         if self._resolver is None:
             raise RuntimeError("ChildCgroup used outside its with block")
@@ -774,14 +616,10 @@ class ChildCgroup:
             ) from exc
 
     def _set_limits(self, child_abs: str, version: int) -> None:
-        if version == 1:
-            if self.limit_bytes is not None:
-                _write(os.path.join(child_abs, "memory.limit_in_bytes"), str(self.limit_bytes))
-            return
         if self.limit_bytes is not None:
-            _write(os.path.join(child_abs, "memory.max"), str(self.limit_bytes))
-        if self.high_bytes is not None:
-            _write(os.path.join(child_abs, "memory.high"), str(self.high_bytes))
+            _write(os.path.join(child_abs, MEMORY_FILES[version].limit), str(self.limit_bytes))
+        if self.high_bytes is not None and version == 2:
+            _write(os.path.join(child_abs, MEMORY_V2.high), str(self.high_bytes))
 
     def add_pid(self, pid: int) -> None:
         """Move process ``pid`` (all its threads) into the child.
@@ -790,7 +628,7 @@ class ChildCgroup:
             UsageError: no such process, or the kernel refused the move.
             PermissionProblem: not allowed to move it.
         """
-        _write(os.path.join(self.abs_path, "cgroup.procs"), str(pid))
+        _write(os.path.join(self.abs_path, CGROUP_PROCS), str(pid))
 
     def procs(self) -> list[int]:
         """The process ids now in the child (not counting cgroups below it)."""
@@ -822,7 +660,7 @@ class ChildCgroup:
 
     def _kill_all(self, dirs: list[str], deadline: float) -> None:
         me = os.getpid()
-        inside = any(me in _parse_pids(_read_text(os.path.join(d, "cgroup.procs"))) for d in dirs)
+        inside = any(me in parse_pids(_read_text(os.path.join(d, CGROUP_PROCS))) for d in dirs)
         # cgroup.kill (v2, Linux 5.14+) kills the whole subtree at once, so no fork escapes.
         # Not used when we are inside ourselves; ignored where the file does not exist.
         if self._layout_version() == 2 and not inside:
@@ -831,7 +669,7 @@ class ChildCgroup:
         while True:
             remaining = False
             for d in dirs:
-                for pid in _parse_pids(_read_text(os.path.join(d, "cgroup.procs"))):
+                for pid in parse_pids(_read_text(os.path.join(d, CGROUP_PROCS))):
                     remaining = True
                     if pid == me:
                         self._move_home(pid)
@@ -851,7 +689,7 @@ class ChildCgroup:
         home = resolver._abs(self._home or "/")
         if home is not None:
             with contextlib.suppress(UsageError, PermissionProblem):
-                _write(os.path.join(home, "cgroup.procs"), str(pid))
+                _write(os.path.join(home, CGROUP_PROCS), str(pid))
 
     def _cleanup(self) -> UsageError | None:
         """Kill what is left and remove the directories; return the error instead of raising."""
@@ -876,7 +714,7 @@ class ChildCgroup:
                     if exc.errno == errno.EBUSY and time.monotonic() < rm_deadline:
                         time.sleep(0.02)
                         continue
-                    left = _parse_pids(_read_text(os.path.join(d, "cgroup.procs")))
+                    left = parse_pids(_read_text(os.path.join(d, CGROUP_PROCS)))
                     return UsageError(
                         f"cannot remove cgroup {d}: {os.strerror(exc.errno or 0)}"
                         + (f" (processes left: {left})" if left else ""),

@@ -54,7 +54,6 @@ from __future__ import annotations
 import dataclasses
 import errno
 import os
-import posixpath
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -69,6 +68,7 @@ from tracer.events import (
     ProcessSample,
     SampleError,
 )
+from tracer.parse.cgroup import CGROUP_PROCS, MEMORY_V1, MEMORY_V2, parse_flat_keyed, parse_limit
 from tracer.parse.memory import (
     Pressure,
     parse_meminfo,
@@ -79,7 +79,7 @@ from tracer.parse.memory import (
     parse_uint,
     proc_status_state,
 )
-from tracer.sources.cgroupfs import CgroupLayout, CgroupResolver, parse_flat_keyed, parse_limit
+from tracer.sources.cgroupfs import CgroupLayout, CgroupResolver, relative, under
 
 __all__ = [
     "DEFAULT_FAST_INTERVAL_NS",
@@ -211,18 +211,6 @@ class _KeptFile:
             os.close(fd)
 
 
-def _rel_path(layout: CgroupLayout, path: str) -> str:
-    """``path`` relative to the memory hierarchy root, in canonical form ("/a/b")."""
-    root = (layout.memory_root or "").rstrip("/")
-    if root and (path == root or path.startswith(root + "/")):
-        path = path[len(root) :]
-    return posixpath.normpath("/" + path.lstrip("/"))
-
-
-def _join(root: str, rel: str) -> str:
-    return root if rel == "/" else root.rstrip("/") + rel
-
-
 def _strerror(exc: OSError) -> str:
     return os.strerror(exc.errno) if exc.errno else str(exc)
 
@@ -230,27 +218,11 @@ def _strerror(exc: OSError) -> str:
 # ---------------------------------------------------------------------------------------------
 # Cgroup sampler
 
-_V2_FILES = (
-    "memory.current",
-    "memory.max",
-    "memory.high",
-    "memory.peak",
-    "memory.events",
-    "memory.stat",
-    "memory.pressure",
-)
-_V1_FILES = (
-    "memory.usage_in_bytes",
-    "memory.limit_in_bytes",
-    "memory.max_usage_in_bytes",
-    "memory.failcnt",
-    "memory.oom_control",
-    "memory.stat",
-)
+V1, V2 = MEMORY_V1, MEMORY_V2
 # Files some kernels lack everywhere: reported once per SamplerSet (target: the file name).
 _LATE_FILES = {
-    "memory.peak": ("cgroup", "memory.peak missing: added in Linux 5.19"),
-    "memory.pressure": ("psi", f"memory.pressure missing: {_PSI_MISSING}"),
+    V2.peak: ("cgroup", f"{V2.peak} missing: added in Linux 5.19"),
+    V2.pressure: ("psi", f"{V2.pressure} missing: {_PSI_MISSING}"),
 }
 # v1 memory.oom_control lines that are events (oom_kill_disable is a setting).
 _V1_OOM_EVENTS = ("under_oom", "oom_kill")
@@ -280,8 +252,8 @@ class CgroupSampler:
             )
         self.layout = layout
         self.version: int = layout.memory_version
-        self.path = _rel_path(layout, path)
-        self.abs_path = _join(layout.memory_root, self.path)
+        self.path = relative(layout, path)
+        self.abs_path = under(layout.memory_root, self.path)
         self.problems = problems if problems is not None else ProblemLog()
         self.gone = False
         self.last: CgroupSample | None = None  # the latest successful sample
@@ -291,7 +263,7 @@ class CgroupSampler:
         # Hybrid: PSI from the unified hierarchy's same-named cgroup (see the module doc).
         self._unified_psi: _KeptFile | None = None
         if self.version == 1 and layout.unified_root:
-            pressure = os.path.join(_join(layout.unified_root, self.path), "memory.pressure")
+            pressure = os.path.join(under(layout.unified_root, self.path), V2.pressure)
             self._unified_psi = _KeptFile(pressure)
 
     # -- life ----------------------------------------------------------------------------------
@@ -318,7 +290,7 @@ class CgroupSampler:
             os.close(dir_fd)
             return False
         self._dir_fd = dir_fd
-        names = _V2_FILES if self.version == 2 else _V1_FILES
+        names = (V2 if self.version == 2 else V1).sampled()
         self._files = {name: _KeptFile(name, dir_fd) for name in names}
         return True
 
@@ -334,7 +306,7 @@ class CgroupSampler:
         try:
             if os.fstat(self._dir_fd).st_nlink == 0:
                 return False
-            fd = os.open("cgroup.procs", _O_READ, dir_fd=self._dir_fd)
+            fd = os.open(CGROUP_PROCS, _O_READ, dir_fd=self._dir_fd)
         except FileNotFoundError:
             return False
         except OSError:
@@ -361,8 +333,8 @@ class CgroupSampler:
         if self._v2_root:
             return  # the kernel has no such file on the v2 root: expected
         late = _LATE_FILES.get(f.name)
-        base = self._files.get("memory.current")
-        if f.name == "memory.peak" and base is not None and base.absent:
+        base = self._files.get(V2.usage)
+        if f.name == V2.peak and base is not None and base.absent:
             # Without memory.current the memory controller itself is missing here (v2: the
             # parent does not delegate it), so memory.peak's absence says nothing about the
             # kernel's age. (memory.pressure is a core cgroup file: only PSI decides it.)
@@ -397,7 +369,7 @@ class CgroupSampler:
             except OSError as exc:
                 if exc.errno == errno.ENODEV and not self._alive():
                     return None
-                if exc.errno == errno.EOPNOTSUPP and f.name == "memory.pressure":
+                if exc.errno == errno.EOPNOTSUPP and f.name == V2.pressure:
                     self._missing(out, now_ns, f)  # PSI disabled at boot
                     continue
                 self._report(out, now_ns, "cgroup", self.path, f"{f.name}: {_strerror(exc)}")
@@ -455,28 +427,28 @@ class CgroupSampler:
         ts = now_ns
         pressure: Pressure | None
         if self.version == 2:
-            usage = self._number(out, ts, texts, "memory.current")
-            limit = self._number(out, ts, texts, "memory.max", limit=True)
-            high = self._number(out, ts, texts, "memory.high", limit=True)
-            peak = self._number(out, ts, texts, "memory.peak")
+            usage = self._number(out, ts, texts, V2.usage)
+            limit = self._number(out, ts, texts, V2.limit, limit=True)
+            high = self._number(out, ts, texts, V2.high, limit=True)
+            peak = self._number(out, ts, texts, V2.peak)
             failcnt = None
-            events = parse_flat_keyed(texts.get("memory.events", ""))
-            psi_text = texts.get("memory.pressure")
+            events = parse_flat_keyed(texts.get(V2.events, ""))
+            psi_text = texts.get(V2.pressure)
             pressure = parse_pressure(psi_text) if psi_text is not None else None
             if psi_text is not None and pressure is None:
                 self._report(
-                    out, ts, "psi", self.path, f"memory.pressure: unexpected {psi_text[:40]!r}"
+                    out, ts, "psi", self.path, f"{V2.pressure}: unexpected {psi_text[:40]!r}"
                 )
         else:
-            usage = self._number(out, ts, texts, "memory.usage_in_bytes")
-            limit = self._number(out, ts, texts, "memory.limit_in_bytes", limit=True)
+            usage = self._number(out, ts, texts, V1.usage)
+            limit = self._number(out, ts, texts, V1.limit, limit=True)
             high = None
-            peak = self._number(out, ts, texts, "memory.max_usage_in_bytes")
-            failcnt = self._number(out, ts, texts, "memory.failcnt")
-            oom = parse_oom_control(texts.get("memory.oom_control", ""))
+            peak = self._number(out, ts, texts, V1.peak)
+            failcnt = self._number(out, ts, texts, V1.failcnt)
+            oom = parse_oom_control(texts.get(V1.oom_control, ""))
             events = {k: oom[k] for k in _V1_OOM_EVENTS if k in oom}
             pressure = self._unified_pressure()
-        stat = parse_stat(texts.get("memory.stat", ""), self.version)
+        stat = parse_stat(texts.get(V1.stat, ""), self.version)
         sample = CgroupSample(
             ts=ts,
             cgroup_id=cgroup_id,
@@ -773,7 +745,7 @@ class SamplerSet:
         Raises:
             UsageError: no memory hierarchy, or no such cgroup.
         """
-        rel = _rel_path(self.layout, path)
+        rel = relative(self.layout, path)
         if rel in self._watched:
             return True
         paths = CgroupResolver.ancestors(rel)
@@ -802,7 +774,7 @@ class SamplerSet:
 
     def unwatch_cgroup(self, path: str) -> None:
         """Stop sampling ``path`` (and ancestors no other watched cgroup needs)."""
-        self._watched.pop(_rel_path(self.layout, path), None)
+        self._watched.pop(relative(self.layout, path), None)
         self._drop_unneeded()
 
     def watch_pid(self, pid: int) -> None:
