@@ -37,6 +37,8 @@ class Check:
 
 
 def run_checks() -> tuple[list[Check], dict[str, Any]]:
+    # Long on purpose: the checks in the order doctor prints them, each a few lines, the later
+    # ones (attaching the hooks) only tried when the earlier ones passed.
     checks: list[Check] = []
     facts: dict[str, Any] = {"kernel": platform.release()}
     root = os.geteuid() == 0

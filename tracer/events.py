@@ -533,3 +533,18 @@ def from_record(rec: dict[str, Any]) -> Event:
         return msgspec.convert(rec, cls)
     except msgspec.ValidationError as exc:
         raise RecordError(f"{kind} record: {exc}") from None
+
+
+def cgroup_ids(ev: Event) -> tuple[int, ...]:
+    """The cgroup ids an event mentions (each needs a ``CgroupInfo`` before it in a trace)."""
+    if isinstance(ev, Exit | Fork | Exec | GpuAllocFailure | GpuOomRecovered | GpuCallFailure):
+        return (ev.cgroup_id,)
+    if isinstance(ev, Signal):
+        return (ev.sender_cgroup_id,)
+    if isinstance(ev, OomKill):
+        return (ev.victim_cgroup_id, ev.limit_cgroup_id)
+    if isinstance(ev, ReclaimStall):
+        return (ev.cgroup_id, ev.task_cgroup_id)
+    if isinstance(ev, ReclaimSummary | CgroupSample | EffectiveLimit | CgroupMkdir):
+        return (ev.cgroup_id,)
+    return ()

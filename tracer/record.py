@@ -363,25 +363,8 @@ class Recorder:
         cgroup_ids: list[int],
     ) -> RecordResult:
         pipeline, watch, gpu, counters = self._assemble(kernel, resolver, cg_layout, cgroup_ids)
-        start_ns = boottime_ns()
         try:
-            parts = header_parts(pipeline.sources)
-            header = TraceHeader(
-                schema=SCHEMA_VERSION,
-                tool_version=__version__,
-                host=platform.node(),
-                kernel=platform.release(),
-                cgroup=dataclasses.asdict(cg_layout),
-                clock_offset_ns=realtime_offset_ns(),
-                hooks=parts.hooks,
-                targets=self.targets.describe(),
-                started_ns=start_ns,
-                extra={
-                    **parts.extra,
-                    "self_protection": self._guard.applied if self._guard else {},
-                },
-            )
-            self.header = header
+            header = self.header = self._header(pipeline, cg_layout)
             writer = (
                 TraceWriter.open(self.output, header, overwrite=self.overwrite)
                 if self.output is not None
@@ -439,6 +422,22 @@ class Recorder:
             reason=footer.exit,
             command_status=command_status,
             stop_signal=self.stop.signal,
+        )
+
+    def _header(self, pipeline: Pipeline, cg_layout: CgroupLayout) -> TraceHeader:
+        """The header: the host, the clock, the targets, and what each source adds."""
+        parts = header_parts(pipeline.sources)
+        return TraceHeader(
+            schema=SCHEMA_VERSION,
+            tool_version=__version__,
+            host=platform.node(),
+            kernel=platform.release(),
+            cgroup=dataclasses.asdict(cg_layout),
+            clock_offset_ns=realtime_offset_ns(),
+            hooks=parts.hooks,
+            targets=self.targets.describe(),
+            started_ns=boottime_ns(),
+            extra={**parts.extra, "self_protection": self._guard.applied if self._guard else {}},
         )
 
     def _footer(

@@ -175,7 +175,8 @@ def make_plan(
     parent_cgroup: str | None,
     memory_version: int | None,
 ) -> Plan:
-    """Check the options and decide which one setting varies.
+    """Check the options and decide which one setting varies (long: one short check per
+    option, in the order a user should meet the errors).
 
     Exactly one of the three may list several values; the one with several values (or the only
     one given) varies, the others are held fixed. ``--memory-high`` needs cgroup v2;

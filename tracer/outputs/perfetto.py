@@ -156,6 +156,8 @@ class _Writer:
     # -- units ---------------------------------------------------------------------------------
 
     def unit(self, pid: int, u: UnitTimeline) -> None:
+        # Long on purpose: one short block per kind of track a unit has (counters, limits,
+        # processes, stalls, probes), all written to the same process of the export.
         for c in u.cgroups:
             if c.sampled:
                 self.counter(pid, f"usage {c.path}", "MiB", zip(c.ts, c.usage, strict=True), MiB)

@@ -147,7 +147,10 @@ def _rel(t: Timeline, ts: int) -> str:
 
 
 class _Chart:
-    """Draws timelines onto a matplotlib figure (or subfigure) with a shared time axis."""
+    """Draws timelines onto a matplotlib figure (or subfigure) with a shared time axis.
+
+    Large on purpose: one method per panel of the report, all sharing the time axis and the
+    marks of the exits and verdicts kept here; a new panel is a new method."""
 
     def __init__(self, t: Timeline) -> None:
         self.t = t
@@ -868,7 +871,7 @@ def _peaks(u: UnitTimeline) -> str:
 
 
 def render_html(t: Timeline, source: str) -> str:
-    """The whole page as a string."""
+    """The whole page as a string, in reading order (long: one short block per section)."""
     _matplotlib()
     from matplotlib.figure import Figure
 

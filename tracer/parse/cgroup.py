@@ -12,6 +12,7 @@ import contextlib
 import re
 from collections.abc import Collection
 from dataclasses import dataclass
+from typing import ClassVar
 
 __all__ = [
     "CGROUP_PROCS",
@@ -248,9 +249,12 @@ class MemoryFiles:
     peak: str  # the kernel's high-water mark (v2: Linux 5.19+)
     stat: str
 
+    # the order a sampler reads them in (by field name)
+    ORDER: ClassVar[tuple[str, ...]] = ("usage", "limit", "peak", "stat")
+
     def sampled(self) -> tuple[str, ...]:
         """Every file a sampler reads, in reading order."""
-        return (self.usage, self.limit, self.peak, self.stat)
+        return tuple(getattr(self, name) for name in self.ORDER)
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,8 +262,7 @@ class MemoryV1Files(MemoryFiles):
     failcnt: str  # how often the limit was hit
     oom_control: str  # under_oom, oom_kill
 
-    def sampled(self) -> tuple[str, ...]:
-        return (self.usage, self.limit, self.peak, self.failcnt, self.oom_control, self.stat)
+    ORDER: ClassVar[tuple[str, ...]] = ("usage", "limit", "peak", "failcnt", "oom_control", "stat")
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,16 +271,15 @@ class MemoryV2Files(MemoryFiles):
     events: str  # counters: low, high, max, oom, oom_kill
     pressure: str  # PSI (also read from a hybrid host's unified hierarchy)
 
-    def sampled(self) -> tuple[str, ...]:
-        return (
-            self.usage,
-            self.limit,
-            self.high,
-            self.peak,
-            self.events,
-            self.stat,
-            self.pressure,
-        )
+    ORDER: ClassVar[tuple[str, ...]] = (
+        "usage",
+        "limit",
+        "high",
+        "peak",
+        "events",
+        "stat",
+        "pressure",
+    )
 
 
 MEMORY_V1 = MemoryV1Files(

@@ -18,23 +18,7 @@ from typing import TYPE_CHECKING
 import psutil
 
 from tracer.errors import UsageError
-from tracer.events import (
-    CgroupMkdir,
-    CgroupSample,
-    EffectiveLimit,
-    Event,
-    Exec,
-    Exit,
-    Fork,
-    GpuAllocFailure,
-    GpuCallFailure,
-    GpuOomRecovered,
-    KmsgOom,
-    OomKill,
-    ReclaimStall,
-    ReclaimSummary,
-    Signal,
-)
+from tracer.events import CgroupMkdir, Event, Exec, Exit, Fork, KmsgOom, OomKill, cgroup_ids
 
 if TYPE_CHECKING:
     from tracer.bpf import hooks
@@ -42,7 +26,7 @@ if TYPE_CHECKING:
     from tracer.sources.cgroupfs import CgroupResolver
     from tracer.sources.samplers import SamplerSet
 
-__all__ = ["CgroupNamer", "Follow", "WatchSet", "cgroup_ids"]
+__all__ = ["CgroupNamer", "Follow", "WatchSet"]
 
 MAX_KNOWN_PIDS = 65536
 
@@ -176,18 +160,3 @@ class CgroupNamer:
                     self.follower.running_in(cid)
             out.append(ev)
         return out
-
-
-def cgroup_ids(ev: Event) -> tuple[int, ...]:
-    """The cgroup ids an event mentions (the ones that need a name in the trace)."""
-    if isinstance(ev, Exit | Fork | Exec | GpuAllocFailure | GpuOomRecovered | GpuCallFailure):
-        return (ev.cgroup_id,)
-    if isinstance(ev, Signal):
-        return (ev.sender_cgroup_id,)
-    if isinstance(ev, OomKill):
-        return (ev.victim_cgroup_id, ev.limit_cgroup_id)
-    if isinstance(ev, ReclaimStall):
-        return (ev.cgroup_id, ev.task_cgroup_id)
-    if isinstance(ev, ReclaimSummary | CgroupSample | EffectiveLimit | CgroupMkdir):
-        return (ev.cgroup_id,)
-    return ()

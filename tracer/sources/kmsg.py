@@ -16,7 +16,6 @@ from __future__ import annotations
 import errno
 import os
 import time
-from types import TracebackType
 
 from tracer.errors import KernelUnsupported, PermissionProblem, WhyrestartError
 from tracer.parse.kmsg import KmsgRecord, parse_record
@@ -89,12 +88,7 @@ class KmsgReader:
     def __enter__(self) -> KmsgReader:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     # -- reading ---------------------------------------------------------------------------

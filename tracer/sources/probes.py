@@ -33,7 +33,6 @@ import threading
 import time
 import urllib.parse
 from dataclasses import dataclass
-from types import TracebackType
 
 from tracer.clock import boottime_ns
 from tracer.errors import UsageError
@@ -335,12 +334,7 @@ class Prober:
         self.start()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
     def _run(self) -> None:

@@ -57,7 +57,6 @@ import os
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from types import TracebackType
 
 from tracer.errors import UsageError
 from tracer.events import (
@@ -807,12 +806,7 @@ class SamplerSet:
     def __enter__(self) -> SamplerSet:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     # -- sampling ------------------------------------------------------------------------------

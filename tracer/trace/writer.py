@@ -30,7 +30,6 @@ import os
 import stat
 import time
 from collections.abc import Callable, Iterable, Sequence
-from types import TracebackType
 from typing import Any
 
 import orjson
@@ -361,12 +360,7 @@ class TraceWriter:
     def __enter__(self) -> TraceWriter:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.abort()
 
     # -----------------------------------------------------------------------------------------
