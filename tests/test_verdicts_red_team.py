@@ -281,6 +281,16 @@ def test_a_runtimes_own_health_check_counts_its_failures_itself() -> None:
     assert (v.cause, v.confidence) == ("probe_kill", "high")
 
 
+def test_the_recorded_threshold_travels_in_the_header() -> None:
+    from tracer.record import Targets
+
+    targets = Targets(pids=[100], probe_failures=2).describe()
+    assert targets["probe_failure_threshold"] == 2
+    assert Analyzer.from_header(targets).probe_failures == 2
+    r = CliRunner().invoke(main, ["record", "-o", "x.trace", "--probe-failures", "2", "--", "true"])
+    assert r.exit_code == 2 and "--probe-failures need --probe" in r.stderr
+
+
 # -- 4. the kernel is not the process --------------------------------------------------------
 
 

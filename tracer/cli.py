@@ -222,6 +222,13 @@ def target_options(fn: F) -> F:
             help="A probe slower than this failed (default 1s; needs --probe).",
         ),
         click.option(
+            "--probe-failures",
+            type=click.IntRange(min=1),
+            default=None,
+            help="A supervisor's kill after this many failed probes in a row is a probe kill "
+            "(default 3, like Kubernetes' failureThreshold; needs --probe).",
+        ),
+        click.option(
             "--supervisor",
             "supervisors",
             type=click.IntRange(min=1),
@@ -254,7 +261,9 @@ def make_targets(kw: dict[str, Any], command: tuple[str, ...], verb: str = "reco
             "give a command after --, or --pid, --cgroup, --container, --unit, --pod or --all",
         )
     if not kw["probes"]:
-        given = [o for o in ("probe_interval", "probe_timeout") if kw[o] is not None]
+        given = [
+            o for o in ("probe_interval", "probe_timeout", "probe_failures") if kw[o] is not None
+        ]
         if given:
             raise UsageError(
                 " and ".join("--" + o.replace("_", "-") for o in given) + " need --probe",
@@ -295,6 +304,7 @@ def make_targets(kw: dict[str, Any], command: tuple[str, ...], verb: str = "reco
         probes=probes,
         supervisor_pids=list(kw["supervisors"]),
         redact=kw.get("redact", False),
+        probe_failures=kw["probe_failures"] or 3,
     )
 
 

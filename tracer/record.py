@@ -71,6 +71,9 @@ class Targets:
     probes: ProbeSetup | None = None
     supervisor_pids: list[int] = field(default_factory=list)
     redact: bool = False  # keep command lines out of the trace
+    # a supervisor's kill after this many failed probes in a row is a probe kill (the analysis
+    # reads it from the header: a replay judges alike)
+    probe_failures: int = 3
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -81,6 +84,7 @@ class Targets:
             "containers": self.containers,
             "probes": [s.text for s in self.probes.specs] if self.probes else [],
             "supervisor_pids": self.supervisor_pids,
+            "probe_failure_threshold": self.probe_failures,
         }
 
 
