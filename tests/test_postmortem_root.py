@@ -202,3 +202,39 @@ def test_without_root_a_restricted_kernel_log_is_said(tmp_path: Path) -> None:
     assert (log["readable"], log["records"], doc["verdicts"]) == (False, 0, [])
     assert "Operation not permitted" in log["error"] and "dmesg_restrict=0" in log["fix"]
     assert any("could not be read" in u and "137" in u for u in doc["unknowns"])
+
+
+def test_docker_container_oom_killed_and_restarted(
+    docker_engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same through a private dockerd (tests/dockerd.py), found as a docker client finds
+    it (DOCKER_HOST). Docker's own OOMKilled flag is true here (read from the cgroup's OOM
+    event): quoted beside the kernel log, not counted as a third source."""
+    monkeypatch.setenv("DOCKER_HOST", docker_engine.host)
+    name = docker_engine.unique("wrpm")
+    docker_engine.docker(
+        "run", "-d", "--name", name, "--network", "none", "--memory", "32m",
+        "--memory-swap", "32m", "--restart", "on-failure:2", docker_engine.image,
+        "awk", 'BEGIN { s = "xxxxxxxxxxxxxxxx"; while (1) s = s s }',
+    )  # fmt: skip
+    try:
+
+        def done() -> bool:
+            st = docker_engine.inspect(name)
+            return bool(st["State"]["Status"] == "exited" and st["RestartCount"] == 2)
+
+        wait_for(done, 120)
+        doc = postmortem("--container", name)
+    finally:
+        docker_engine.docker("rm", "-f", name, check=False)
+    rt = doc["runtime"]
+    assert (rt["source"], rt["restart_count"], rt["exit_code"], rt["oom_killed"]) == (
+        "docker", 2, 137, True,
+    )  # fmt: skip
+    verdicts = doc["verdicts"]
+    assert [v["cause"] for v in verdicts] == ["cgroup_oom"] * 3
+    assert [v["confidence"] for v in verdicts] == ["medium", "medium", "high"]
+    last = verdicts[-1]
+    assert (last["limit_bytes"], last["unit"]) == (32 * MiB, f"docker {name}")
+    assert any("docker says" in e["what"] and "OOMKilled flag: True" in e["what"]
+               for e in last["evidence"])  # fmt: skip

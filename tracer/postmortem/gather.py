@@ -59,12 +59,14 @@ class World:
 
 
 def _container_runtimes(world: World) -> Sequence[Runtime]:
+    """podman, then every Docker daemon a docker client here would use (DOCKER_HOST, the
+    current context, the system socket...): the container runtimes ``record`` asks too."""
     if world.runtimes is not None:
         return world.runtimes
-    from tracer.runtimes.docker import DockerRuntime
-    from tracer.runtimes.podman import PodmanRuntime
+    from tracer.runtimes import probe
 
-    return (PodmanRuntime(proc_root=world.proc_root), DockerRuntime())
+    found, missing = probe()
+    return [rt for rt in (*found, *missing) if rt.name in ("podman", "docker")]
 
 
 def resolve(kind: str, spec: str, world: World, now: int) -> tuple[Target, RuntimeState | None]:
