@@ -111,6 +111,17 @@ class ProcessTable:
                 unit = UnitName("command", str(pid), f"{proc.comm or '?'} (pid {pid})")
         return unit
 
+    def cgroup_unit(self, cgroup_id: int, path: str | None = None) -> UnitName | None:
+        """What a cgroup itself names: its runtime's unit, a container or a service by its
+        path, else the path (kind "cgroup"); ``path`` when the cgroup was never described."""
+        unit = self.cgroup_units.get(cgroup_id, UNSET)
+        if unit is UNSET:
+            info = self.ev.units.get(cgroup_id)
+            if info is not None:
+                return units.from_info(info.kind, info.unit_id, info.name, info.pod)
+            return unit_of_cgroup(self.ev.path(cgroup_id) or path)
+        return unit
+
     def named_by(self, cgroup_id: int) -> None:
         """A cgroup's path or runtime name was learnt or changed: name its unit again, now
         (the processes already in it, named before, belong to it from here on)."""

@@ -177,6 +177,12 @@ class Analyzer:
         unit = self.table.unit(proc)
         return unit.label if unit is not None else None
 
+    def unit_of_cgroup(self, cgroup_id: int, path: str | None = None) -> UnitName | None:
+        """The unit a cgroup names by itself (a runtime's name, a container or service path,
+        else the path), as the process table names it; ``path`` where the trace gave the
+        cgroup's path only in its samples."""
+        return self.table.cgroup_unit(cgroup_id, path)
+
     @property
     def evicted(self) -> int:
         """Processes and evidence dropped to stay bounded."""

@@ -25,7 +25,6 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from tracer.analysis import units as unit_names
 from tracer.analysis.quantities import fmt_bytes
 from tracer.analysis.verdicts import Analyzer, Restart, Verdict, describe_status
 from tracer.events import (
@@ -51,7 +50,6 @@ from tracer.events import (
     ReclaimStall,
     ReclaimSummary,
     Signal,
-    UnitInfo,
     signal_name,
 )
 from tracer.trace.format import TraceFooter, TraceHeader
@@ -294,7 +292,6 @@ class _Builder:
         # `echo $$ > cgroup.procs && exec` idiom), rarely out, so the last one is theirs.
         self.pid_cgroup: dict[int, int] = {}
         self.first_seen: dict[int, int] = {}  # pid -> first ts
-        self.unit_infos: dict[int, UnitInfo] = {}
         self.exits: list[Exit] = []
         self.signals: list[Signal] = []
         self.ooms: list[OomKill] = []
@@ -363,8 +360,6 @@ class _Builder:
                 self.summaries.append(ev)
         elif isinstance(ev, HostSample):
             self.host.samples.append(ev)
-        elif isinstance(ev, UnitInfo):
-            self.unit_infos[ev.cgroup_id] = ev
         elif isinstance(ev, ProbeSample):
             self.probes.append(ev)
         elif isinstance(ev, GpuSample):
@@ -400,12 +395,9 @@ class _Builder:
         return self.analyzer.cgroup_path(cgroup_id) or f"cgroup id {cgroup_id}"
 
     def _cgroup_unit(self, cgroup_id: int) -> tuple[str, str] | None:
-        """(key, label) of what a cgroup itself names: a runtime's unit, a service, a path."""
-        info = self.unit_infos.get(cgroup_id)
-        if info is not None:
-            u = unit_names.from_info(info.kind, info.unit_id, info.name, info.pod)
-            return u.key, u.label
-        named = unit_names.unit_of_cgroup(self._path(cgroup_id))
+        """(key, label) of what a cgroup itself names, as the analyzer names it: a runtime's
+        unit, a service, a path."""
+        named = self.analyzer.unit_of_cgroup(cgroup_id, self._path(cgroup_id))
         if named is None:
             return None
         return named.key, (named.label if named.kind != "cgroup" else f"cgroup {named.label}")
