@@ -59,13 +59,16 @@ def run_checks() -> tuple[list[Check], dict[str, Any]]:
             "" if btf else "use a kernel with CONFIG_DEBUG_INFO_BTF=y",
         )
     )
-    version = system.libbpf_version()
+    loaded, libbpf = system.libbpf_status()
     checks.append(
         Check(
             "libbpf",
-            version is not None,
-            f"libbpf {version}" if version else "libbpf.so.1 not found",
-            "" if version else "apt-get install libbpf1",
+            loaded,
+            f"libbpf {libbpf}" if loaded else libbpf,
+            ""
+            if loaded
+            else "apt-get install libbpf1 (>= 1.0), or install the whyrestart wheel "
+            "(it bundles libbpf)",
         )
     )
     obj = hooks.object_path()
@@ -115,7 +118,7 @@ def run_checks() -> tuple[list[Check], dict[str, Any]]:
         )
     )
 
-    if root and btf and built and version:
+    if root and btf and built and loaded:
         try:
             cfg = layout.WrConfig(
                 filter_all=0,

@@ -24,14 +24,11 @@ from dataclasses import dataclass, field
 
 from tracer.bpf import layout
 from tracer.bpf.libbpf import BpfObject, Link, Map
+from tracer.bpf.objects import default_object
 from tracer.errors import BpfError
 from tracer.parse.elf import ElfError, symbol_offsets
 
-DEFAULT_OBJECT = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-    "bpf",
-    "gpu.bpf.o",
-)
+DEFAULT_OBJECT = default_object("gpu.bpf.o")
 
 # entry point -> (entry program or None, return program or None): frees (entry only) first
 # (they are attached first), then allocations (both), then CUDA starting (return only).

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from tracer.bpf import layout
 from tracer.bpf.libbpf import BpfObject, Link, Map, lib
+from tracer.bpf.objects import default_object
 from tracer.errors import BpfError, KernelUnsupported
 
 # hook -> [(rung, programs)], best first; a rung is used only if all its programs attach.
@@ -102,11 +103,7 @@ def kernel_function(
 
 _FAILED_PROG = re.compile(r"prog '(\w+)': (?:.*fail|.*error|.*invalid|.*not)", re.IGNORECASE)
 
-DEFAULT_OBJECT = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-    "bpf",
-    "whyrestart.bpf.o",
-)
+DEFAULT_OBJECT = default_object("whyrestart.bpf.o")
 
 
 def object_path() -> str:

@@ -1,4 +1,10 @@
-"""The system libbpf (>= 1.0) through ctypes: the only module that calls into it.
+"""libbpf (>= 1.0) through ctypes: the only module that calls into it.
+
+Which libbpf: the one bundled in the wheel (``_bundled/libbpf.so.1`` beside this module, put
+there by scripts/build from Debian's libbpf source, its own libraries grafted by auditwheel), so
+that a host whose distribution ships none, or one older than 1.0 (Ubuntu 22.04 has 0.5), needs
+nothing; else the system's (a checkout: ``apt-get install libbpf1``). ``lib().origin`` and
+``lib().path`` say which one was loaded; ``doctor`` prints them.
 
 Why ctypes and not bcc: bcc compiles BPF at run time and needs kernel headers and LLVM on every
 host. whyrestart ships a CO-RE object compiled once; libbpf relocates it against the running
@@ -13,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import os
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -20,6 +27,7 @@ from typing import Any
 from tracer.errors import BpfError, KernelUnsupported
 
 _LIBBPF_NAMES = ("libbpf.so.1", "libbpf.so")
+BUNDLED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_bundled", "libbpf.so.1")
 
 c_void_p = ctypes.c_void_p
 c_char_p = ctypes.c_char_p
@@ -54,25 +62,22 @@ def _fix_for(step: str, err: int) -> str | None:
 class _Lib:
     """The loaded shared library with argument and result types declared once."""
 
-    def __init__(self) -> None:
-        path = None
-        for name in _LIBBPF_NAMES:
+    def __init__(self, bundled: str = BUNDLED) -> None:
+        self.origin = "system"  # or "bundled"
+        if os.path.exists(bundled):
+            # By its path: the bundled copy must win over any libbpf.so.1 on the search path.
+            # A bundled copy that does not load is an error, not a reason to take another.
             try:
-                self.dll = ctypes.CDLL(name, use_errno=True)
-                path = name
-                break
-            except OSError:
-                continue
-        if path is None:
-            from ctypes.util import find_library  # (imports tempfile & co.: only when needed)
-
-            found = find_library("bpf")
-            if found is None:
+                self.dll = ctypes.CDLL(bundled, use_errno=True)
+            except OSError as exc:
                 raise KernelUnsupported(
-                    "libbpf is not installed (libbpf.so.1 not found)",
-                    "apt-get install libbpf1 (scripts/setup does this)",
-                )
-            self.dll = ctypes.CDLL(found, use_errno=True)
+                    f"the bundled libbpf does not load: {exc}",
+                    "reinstall the whyrestart wheel (its libbpf and the libraries it needs "
+                    "are inside it)",
+                ) from exc
+            self.origin, self.path = "bundled", bundled
+        else:
+            self.dll, self.path = self._system()
         d = self.dll
         sig: dict[str, tuple[Any, list[Any]]] = {
             "libbpf_major_version": (ctypes.c_uint32, []),
@@ -141,6 +146,28 @@ class _Lib:
         # Keep a reference: a collected ctypes callback would crash libbpf.
         self._print_cb = PRINT_FN(self._on_print)
         d.libbpf_set_print(self._print_cb)
+
+    @staticmethod
+    def _system() -> tuple[ctypes.CDLL, str]:
+        for name in _LIBBPF_NAMES:
+            try:
+                return ctypes.CDLL(name, use_errno=True), name
+            except OSError:
+                continue
+        from ctypes.util import find_library  # (imports tempfile & co.: only when needed)
+
+        found = find_library("bpf")
+        if found is None:
+            raise KernelUnsupported(
+                "libbpf is not installed (libbpf.so.1 not found)",
+                "apt-get install libbpf1 (scripts/setup does this), or install the whyrestart "
+                "wheel, which bundles it",
+            )
+        return ctypes.CDLL(found, use_errno=True), found
+
+    def describe(self) -> str:
+        """ "1.1, bundled (PATH)" or "1.1, system (libbpf.so.1)": what doctor shows."""
+        return f"{self.version}, {self.origin} ({self.path})"
 
     def _on_print(self, level: int, fmt: bytes | None, va_list: int | None) -> int:
         # va_list is an array type on x86-64 and arm64, so it arrives as a pointer and
