@@ -392,7 +392,13 @@ def world(tmp_path: Path, kmsg: list[KmsgRecord], known: dict[str, ContainerInfo
         (d / "memory.oom_control").write_text(
             f"oom_kill_disable 0\nunder_oom 0\noom_kill {kills}\n"
         )
-    layout = CgroupLayout("v1", str(root), 1, None)
+    unified = tmp_path / "unified" / "test" / "hog"
+    unified.mkdir(parents=True)
+    (unified / "memory.pressure").write_text(
+        "some avg10=0.00 avg60=0.00 avg300=0.00 total=2500000\n"
+        "full avg10=0.00 avg60=0.00 avg300=0.00 total=1000000\n"
+    )
+    layout = CgroupLayout("hybrid", str(root), 1, str(tmp_path / "unified"))
     return World(
         layout=layout,
         proc_root=str(tmp_path / "proc"),
@@ -410,7 +416,11 @@ def test_gather_reads_counters_limits_and_the_log(tmp_path: Path) -> None:
     # the target and every ancestor, deepest first, as they are now
     got = [(c.path, c.exists, c.limit_bytes, c.events.get("oom_kill")) for c in f.cgroups]
     assert got == [("/test/hog", True, 32 * MiB, 1), ("/test", True, None, 0), ("/", True, None, 0)]
-    assert "effective limit now: 32.0 MiB set on /test/hog" in report.sources(f, assemble(f))
+    lines = report.sources(f, assemble(f))
+    assert "effective limit now: 32.0 MiB set on /test/hog" in lines
+    # PSI totals from the unified twin of a v1 cgroup (a hybrid host)
+    assert f.cgroups[0].psi_some_total_us == 2_500_000
+    assert any("memory stalls since created: some 2.5 s, full 1.0 s" in x for x in lines)
     _, [v] = judged(f)
     assert (v.cause, v.confidence) == ("cgroup_oom", "high")
 

@@ -99,7 +99,8 @@ or still running when ``--duration`` ended the run), ``error`` (interrupted).
         "state": str, "exit_code": int | null,  # the last exit, 128 + n for signal n
         "finished_ns": int | null,          # when it says it happened, CLOCK_BOOTTIME
         "restart_count": int | null, "restart_policy": str,
-        "oom_killed": bool | null           # its own claim (podman 4.3: false for OOM kills)
+        "oom_killed": bool | null,          # its own claim (podman 4.3: false for OOM kills)
+        "health_checks": int, "health_failed": int  # its health log (the last few checks)
       } | null,
       "kubelet": [                          # --pod: the kubelet's log directories
         {"container": str, "restarts": int,  # N of the newest N.log
@@ -109,7 +110,9 @@ or still running when ``--duration`` ended the run), ``error`` (interrupted).
       "cgroups": [                          # the target's cgroups and every ancestor, now
         {"path": str, "exists": bool, "limit_bytes": int | null, "usage_bytes": int | null,
          "peak_bytes": int | null, "failcnt": int | null,
-         "events": {str: int}}, ...         # oom_kill, oom, under_oom / memory.events
+         "events": {str: int},              # oom_kill, oom, under_oom / memory.events
+         "psi_some_total_us": int | null,   # memory.pressure totals since it was created
+         "psi_full_total_us": int | null}, ...
       ],
       "verdicts": [ ... ],                  # replay --json's verdict objects; "t" is the
                                             # wall-clock time (ISO 8601, UTC), and "pid" is 0

@@ -104,6 +104,8 @@ class CgroupNow:
     peak_bytes: int | None = None
     failcnt: int | None = None
     events: dict[str, int] = field(default_factory=dict)  # oom, oom_kill, max, high...
+    psi_some_total_us: int | None = None  # memory.pressure totals since creation (v2, or
+    psi_full_total_us: int | None = None  # the unified twin of a v1 cgroup on a hybrid host)
 
 
 @dataclass(frozen=True, slots=True)

@@ -232,6 +232,8 @@ def cgroups_now(world: World, paths: Iterable[str], now: int) -> tuple[CgroupNow
                 peak_bytes=s.peak_bytes,
                 failcnt=s.failcnt,
                 events=dict(s.events),
+                psi_some_total_us=s.psi_some_total_us,
+                psi_full_total_us=s.psi_full_total_us,
             )
     # deepest first: the target before its ancestors
     return tuple(sorted(seen.values(), key=lambda c: (-c.path.rstrip("/").count("/"), c.path)))

@@ -157,6 +157,12 @@ def sources(facts: Facts, asm: Assembled) -> list[str]:
                 parts.append(f"{key} {c.events[key]}")
         if c.failcnt is not None:
             parts.append(f"failcnt {c.failcnt}")
+        if c.psi_some_total_us is not None:
+            full = c.psi_full_total_us
+            parts.append(
+                f"memory stalls since created: some {c.psi_some_total_us / 1e6:.1f} s"
+                + (f", full {full / 1e6:.1f} s" if full is not None else "")
+            )
         lines.append(f"cgroup {c.path}: " + ", ".join(parts))
     limits = [(c.limit_bytes, c.path) for c in facts.cgroups if c.exists and c.limit_bytes]
     if limits:
@@ -227,6 +233,8 @@ def to_json(facts: Facts, asm: Assembled, verdicts: list[Verdict]) -> dict[str, 
             "restart_count": rt.info.restart_count,
             "restart_policy": rt.info.restart_policy,
             "oom_killed": rt.info.oom_killed,
+            "health_checks": len(rt.info.health),  # in the runtime's health log
+            "health_failed": sum(1 for c in rt.info.health if c[2] != 0),
         },
         "kubelet": [
             {
@@ -247,6 +255,8 @@ def to_json(facts: Facts, asm: Assembled, verdicts: list[Verdict]) -> dict[str, 
                 "peak_bytes": c.peak_bytes,
                 "failcnt": c.failcnt,
                 "events": c.events,
+                "psi_some_total_us": c.psi_some_total_us,
+                "psi_full_total_us": c.psi_full_total_us,
             }
             for c in facts.cgroups
         ],
