@@ -28,6 +28,7 @@ from tracer.options import (
     PROBE,
     Checked,
     SettingList,
+    check_not_input,
     check_output_file,
 )
 from tracer.render import Clock, timeline, verdict_table
@@ -713,6 +714,17 @@ def default_report_path(trace: str) -> str:
     return trace + ".html"
 
 
+def _not_the_trace(trace: str, **outputs: str | None) -> None:
+    for name, path in outputs.items():
+        if path is None:
+            continue
+        try:
+            check_not_input(path, trace)
+        except UsageError as exc:
+            hint = "'-o' / '--output'" if name == "output" else f"'--{name}'"
+            raise click.BadParameter(str(exc), param_hint=hint) from None
+
+
 def _parse_probe(text: str) -> object:
     from tracer.sources.probes import parse_probe
 
@@ -761,6 +773,7 @@ def report(trace: str, output: str | None, png: str | None) -> None:
             check_output_file(output)
         except UsageError as exc:
             raise click.BadParameter(f"the default {exc}", param_hint="'-o' / '--output'") from None
+    _not_the_trace(trace, output=output, png=png)
     timeline = load(trace)
     for w in timeline.warnings:
         _warn(w)
@@ -786,6 +799,7 @@ def export(trace: str, fmt: str, output: str) -> None:
     from tracer.outputs.perfetto import write_perfetto
     from tracer.outputs.timeline import load
 
+    _not_the_trace(trace, output=output)
     timeline = load(trace)
     for w in timeline.warnings:
         _warn(w)

@@ -183,6 +183,19 @@ def check_output_file(path: str, *, overwrite: bool = True, force_option: str = 
         )
 
 
+def check_not_input(output: str, trace: str) -> None:
+    """An output that is the trace being read would destroy it: a `UsageError`."""
+    try:
+        same = os.path.samefile(output, trace)
+    except OSError:  # one of them does not exist (or cannot be looked at): not the same file
+        return
+    if same:
+        raise UsageError(
+            f"{output} is the trace being read: writing it would destroy the trace",
+            "choose another output path",
+        )
+
+
 class OutputFile(click.ParamType[str]):
     """A file to write: its directory must exist; an existing path must be a regular file."""
 

@@ -22,6 +22,7 @@ orjson, to say what is wrong with it.
 from __future__ import annotations
 
 import os
+import stat
 import types
 import typing
 from collections import Counter
@@ -230,9 +231,16 @@ class TraceReader:
     def _open(self) -> IO[bytes]:
         path = self.path
         try:
+            # O_NONBLOCK for the open only: a FIFO with no writer would block it for ever (it
+            # reads as empty instead); a pipe with a writer (`replay <(zstdcat x)`) streams.
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            if stat.S_ISDIR(os.fstat(fd).st_mode):
+                os.close(fd)
+                raise IsADirectoryError
+            os.set_blocking(fd, True)
             # Unbuffered: the reader asks for 1 MiB blocks itself, a second buffer would copy.
             # Closed by close(), by the end of iteration, or by __init__ on a bad header.
-            return open(path, "rb", buffering=0)
+            return open(fd, "rb", buffering=0)
         except FileNotFoundError:
             raise TraceFileError(
                 f"no such trace file: {path}",
