@@ -53,16 +53,22 @@ os.symlink(os.path.join(_SCRATCH, "nowhere"), _DANGLING)
 _TRACE_COPY = os.path.join(_SCRATCH, "copy.trace")
 shutil.copyfile(TRACE, _TRACE_COPY)
 
-PATHS = st.sampled_from(
+# Outputs are only ever pointed at the scratch directory, at devices and FIFOs, at directories
+# and at pseudo file systems that make no files: never at a real file outside the scratch
+# directory (an accepted path is written to).
+OUTPUT_PATHS = st.sampled_from(
     [
-        "/dev/null", "/dev/zero", _FIFO, "/tmp", _SCRATCH, "/proc/foo", "/proc/self/status",
-        "/proc", "/sys/kernel/x", "/nonexistent/a/b", "/nonexistent", _FILE, _FILE + "/x",
-        _LINK, _DANGLING, "", " ", "-", os.path.join(_SCRATCH, "x" * 300),
-        os.path.join(_SCRATCH, "a\nb"), os.path.join(_SCRATCH, "\x1b[31mred"),
-        "/etc/hostname", "relative/missing/x", _TRACE_COPY, TRACE + ".zst", "/",
+        "/dev/null", "/dev/zero", _FIFO, "/tmp", _SCRATCH, "/proc/foo", "/proc",
+        "/sys/kernel/x", "/nonexistent/a/b", _FILE, _FILE + "/x", _LINK, _DANGLING, "", " ",
+        "-", os.path.join(_SCRATCH, "x" * 300), os.path.join(_SCRATCH, "a\nb"),
+        os.path.join(_SCRATCH, "\x1b[31mred"), "relative/missing/x", _TRACE_COPY, "/",
     ]
 ) | st.builds(lambda s: os.path.join(_SCRATCH, s), st.text(min_size=1, max_size=12).filter(
     lambda s: "\x00" not in s and "/" not in s))  # fmt: skip
+# Inputs are only read: system files are fair game.
+PATHS = OUTPUT_PATHS | st.sampled_from(
+    ["/proc/self/status", "/etc/hostname", "/nonexistent", TRACE, TRACE + ".zst"]
+)
 
 DURATIONS = st.sampled_from(
     ["nan", "inf", "-inf", "1e400", "1e-400", "0", "-1", "5s", "500ms", "1m", "1h", "abc", "",
@@ -95,7 +101,7 @@ TEXT = st.text(max_size=16)
 # every option that takes a value, per subcommand, and what to generate for it
 OPTIONS: dict[str, dict[str, Any]] = {
     "record": {
-        "-o": PATHS, "--pid": INTS, "--cgroup": CGROUPS, "--container": TEXT, "--unit": TEXT,
+        "-o": OUTPUT_PATHS, "--pid": INTS, "--cgroup": CGROUPS, "--container": TEXT, "--unit": TEXT,
         "--pod": TEXT, "--probe": URLS, "--probe-interval": DURATIONS,
         "--probe-timeout": DURATIONS, "--supervisor": INTS, "--duration": DURATIONS,
     },
@@ -108,12 +114,12 @@ OPTIONS: dict[str, dict[str, Any]] = {
         "--memory-max": SIZES, "--memory-high": SIZES, "--probe-timeout": SIZES | DURATIONS,
         "--runs": INTS, "--probe": URLS, "--probe-interval": DURATIONS,
         "--probe-failures": INTS, "--probe-delay": DURATIONS, "--duration": DURATIONS,
-        "--out-dir": PATHS, "--parent-cgroup": CGROUPS,
+        "--out-dir": OUTPUT_PATHS, "--parent-cgroup": CGROUPS,
     },
     "replay": {"TRACE": PATHS},
     "explain": {"TRACE": PATHS, "--pid": INTS, "--unit": TEXT},
-    "report": {"TRACE": PATHS, "-o": PATHS, "--png": PATHS},
-    "export": {"TRACE": PATHS, "-o": PATHS, "--format": TEXT},
+    "report": {"TRACE": PATHS, "-o": OUTPUT_PATHS, "--png": OUTPUT_PATHS},
+    "export": {"TRACE": PATHS, "-o": OUTPUT_PATHS, "--format": TEXT},
 }  # fmt: skip
 
 
@@ -318,9 +324,10 @@ def test_repro_out_dir_is_made_like_record_makes_its_file() -> None:
         _make_out_dir("/proc/foo")
     with pytest.raises(UsageError, match="exists and is not a directory"):
         _make_out_dir(_FILE)
-    with pytest.raises(UsageError, match="directory /nonexistent/a does not exist"):
-        _make_out_dir("/nonexistent/a/b")
-    assert not os.path.exists("/nonexistent")
+    missing = os.path.join(_SCRATCH, "no", "such")
+    with pytest.raises(UsageError, match=f"directory {os.path.dirname(missing)} does not exist"):
+        _make_out_dir(missing)
+    assert not os.path.exists(os.path.dirname(missing))
     made = os.path.join(_SCRATCH, "runs")
     _make_out_dir(made)
     assert os.path.isdir(made)
