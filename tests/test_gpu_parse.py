@@ -16,8 +16,9 @@ from tests.gpu import build
 from tracer.bpf import gpuhooks, layout
 from tracer.bpf.decode import Decoder
 from tracer.events import GpuAllocFailure, GpuCallFailure, GpuLost, GpuOomRecovered, GpuXid
-from tracer.gpu import libcuda, xid
-from tracer.parse import elf
+from tracer.gpu import libcuda
+from tracer.parse import elf, xid
+from tracer.parse import libcuda as parse_libcuda
 from tracer.parse.kmsg import parse_record
 
 # -- Xid lines -------------------------------------------------------------------------------
@@ -143,7 +144,7 @@ garbage line
 
 
 def test_maps_finds_each_libcuda_file_once() -> None:
-    found = libcuda.parse_maps(MAPS)
+    found = parse_libcuda.parse_maps(MAPS)
     assert [(m.path, m.inode, m.start, m.end, m.deleted) for m in found] == [
         (
             "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15",
@@ -159,10 +160,10 @@ def test_maps_finds_each_libcuda_file_once() -> None:
 
 
 def test_libcuda_names() -> None:
-    assert libcuda.is_libcuda("/usr/lib64/libcuda.so")
-    assert libcuda.is_libcuda("libcuda.so.1")
-    assert not libcuda.is_libcuda("/usr/lib/libcudart.so.12")
-    assert not libcuda.is_libcuda("/usr/lib/libcuda.so.1.bak")
+    assert parse_libcuda.is_libcuda("/usr/lib64/libcuda.so")
+    assert parse_libcuda.is_libcuda("libcuda.so.1")
+    assert not parse_libcuda.is_libcuda("/usr/lib/libcudart.so.12")
+    assert not parse_libcuda.is_libcuda("/usr/lib/libcuda.so.1.bak")
 
 
 def test_ldconfig_output() -> None:
@@ -173,7 +174,7 @@ def test_ldconfig_output() -> None:
 \tlibcuda.so.1 (libc6) => /usr/lib/i386-linux-gnu/libcuda.so.1
 \tlibcuda.so (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libcuda.so
 """
-    assert libcuda.parse_ldconfig(text) == [
+    assert parse_libcuda.parse_ldconfig(text) == [
         "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
         "/usr/lib/i386-linux-gnu/libcuda.so.1",
     ]

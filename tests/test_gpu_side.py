@@ -11,9 +11,8 @@ from pathlib import Path
 import pytest
 
 from tests.streams import execd, exit_code, forked, t
-from tracer.events import GpuLibrary, GpuXid
+from tracer.events import GpuLibrary
 from tracer.gpu.side import GpuSide
-from tracer.parse.kmsg import KmsgRecord
 
 LIB = "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15"
 
@@ -115,13 +114,6 @@ def test_under_all_every_process_of_proc_is_looked_at_once(proc: Path) -> None:
         assert libs(s.poll(t(105))) == []
     finally:
         s.close()
-
-
-def test_kernel_log_xid_lines(side: GpuSide) -> None:
-    rec = KmsgRecord(3, 0, 7, 1, "NVRM: Xid (PCI:0000:3b:00): 79, pid=100, name=python3, x")
-    [ev] = side.from_kmsg(rec, t(5))
-    assert isinstance(ev, GpuXid) and (ev.xid, ev.pid, ev.ts) == (79, 100, t(5))
-    assert side.from_kmsg(KmsgRecord(6, 0, 8, 2, "eth0: link up"), t(6)) == []
 
 
 def test_second_looks_are_bounded_and_take_turns(

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tracer.events import Event, Exit, Lost, ProbeSample
+from tracer.events import Event, Exit, GpuXid, Lost, ProbeSample
 from tracer.merge import DEFAULT_WINDOW_NS
+from tracer.parse.kmsg import KmsgRecord
 from tracer.pipeline.core import HeaderPart, Pipeline, header_parts
-from tracer.pipeline.sources import ProbeResultsSource
+from tracer.pipeline.sources import KmsgSource, ProbeResultsSource
+from tracer.sources.kmsg import KmsgReader
 from tracer.sources.probes import ProbeResult
 from tracer.trace.format import TraceFooter
 
@@ -210,3 +212,47 @@ def test_window_releases_what_is_old_enough() -> None:
     p = Pipeline([ring], [], [sink], clock=Clock(t0 + DEFAULT_WINDOW_NS))
     p.step()
     assert [ev.KIND for ev in sink.events] == ["exit"]
+
+
+class FakeKmsg:
+    """A kernel log that holds prepared records."""
+
+    def __init__(self, records: list[KmsgRecord]) -> None:
+        self.records = records
+        self.closed = False
+
+    def read_available(self) -> list[KmsgRecord]:
+        out, self.records = self.records, []
+        return out
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_kernel_log_source_turns_xid_lines_into_gpu_events_and_waits_while_behind() -> None:
+    log = FakeKmsg(
+        [
+            KmsgRecord(3, 0, 7, 1, "NVRM: Xid (PCI:0000:3b:00): 79, pid=100, name=python3, x"),
+            KmsgRecord(6, 0, 8, 2, "eth0: link up"),
+        ]
+    )
+    src = KmsgSource(lambda _oom: True, open_reader=lambda: log)  # type: ignore[arg-type,return-value]
+    assert src.header().hooks == {"oom": "kmsg"}
+    assert src.poll(10, behind=True) == []  # held back: the records stay in the kernel log
+    [ev] = src.poll(10, behind=False)
+    assert isinstance(ev, GpuXid) and (ev.xid, ev.pid) == (79, 100)
+    assert ev.ts == 1_000 - src.monotonic_offset  # the record's time (1 µs) on CLOCK_BOOTTIME
+    src.close()
+    assert log.closed
+
+
+def test_kernel_log_source_without_a_kernel_log_warns_and_claims_no_rung() -> None:
+    def unavailable() -> KmsgReader:
+        raise OSError("no /dev/kmsg here")
+
+    src = KmsgSource(lambda _oom: True, open_reader=unavailable)
+    assert src.header().hooks == {}
+    assert src.poll(10, behind=False) == []
+    assert src.warnings() == [
+        "kernel log unavailable (no /dev/kmsg here): OOM reports come from BPF only"
+    ]

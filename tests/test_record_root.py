@@ -277,3 +277,35 @@ def test_pressure_then_oom_in_one_trace_in_time_order(
     [v] = res.verdicts
     assert (v.cause, v.limit_cgroup, v.limit_scope) == ("cgroup_oom", outer_path, "ancestor")
     assert v.stall_ns and v.host_available
+
+
+def test_an_added_sink_sees_exactly_what_the_trace_holds(tmp_path: Path) -> None:
+    """A sink given to the recorder (the agent's metrics, a history journal) gets every event the
+    trace file gets, in the same order, and the same footer."""
+    from collections.abc import Sequence
+
+    from tracer.events import Event
+    from tracer.trace.format import TraceFooter
+
+    class Collect:
+        def __init__(self) -> None:
+            self.events: list[Event] = []
+            self.footer: TraceFooter | None = None
+
+        def write(self, events: Sequence[Event]) -> None:
+            self.events += events
+
+        def close(self, footer: TraceFooter, complete: bool) -> None:
+            assert complete
+            self.footer = footer
+
+    sink = Collect()
+    out = str(tmp_path / "sink.trace")
+    argv = ["sh", "-c", "sleep 0.2; exit 5"]
+    res = Recorder(out, Targets(command=argv), duration=60, sinks=[sink]).run()
+    assert res.command_status == 5
+    trace = read_trace(out)
+    assert sink.events == list(trace.events)
+    assert sink.footer is not None and trace.footer is not None
+    assert sink.footer.counts == trace.footer.counts == res.counts
+    assert [e for e in sink.events if isinstance(e, Exit) and e.wait.code == 5]

@@ -40,6 +40,7 @@ import pytest
 
 from tracer.analysis.units import unit_of_cgroup
 from tracer.parse.cgroup import memory_path
+from tracer.parse.systemd import parse_systemctl_show
 from tracer.runtimes import (
     ContainerInfo,
     DockerRuntime,
@@ -54,7 +55,7 @@ from tracer.runtimes import (
 from tracer.runtimes.base import k8s_names, restart_policy_text
 from tracer.runtimes.docker import docker_hosts, info_from_docker_inspect
 from tracer.runtimes.podman import info_from_podman_inspect
-from tracer.runtimes.systemd import info_from_systemctl_show, parse_systemctl_show
+from tracer.runtimes.systemd import info_from_systemctl_show
 
 DATA = Path(__file__).parent / "data" / "runtimes"
 CONTAINERS_CONF = DATA / "containers.conf"

@@ -36,7 +36,7 @@ from tracer.events import Event
 from tracer.follow import Follower, ProbeSetup
 from tracer.gpu.side import GpuSide
 from tracer.parse.cgroup import parse_proc_cgroup
-from tracer.pipeline.core import Enricher, Pipeline, Source, header_parts
+from tracer.pipeline.core import Enricher, Pipeline, Sink, Source, header_parts
 from tracer.pipeline.enrich import CgroupNamer, Follow, WatchSet
 from tracer.pipeline.sinks import AnalyzerSink, TraceSink
 from tracer.pipeline.sources import (
@@ -184,7 +184,8 @@ class Recorder:
     """One recording: the pipeline (tracer.pipeline) assembled from the targets, run until the
     command exits, the duration passes or a signal arrives, then drained and closed.
 
-    ``sources``: more sources to run beside the recorder's own (repro's liveness prober)."""
+    ``sources``: more sources to run beside the recorder's own (repro's liveness prober);
+    ``sinks``: more sinks to hand the ordered events to (after the trace and the analyzer)."""
 
     def __init__(
         self,
@@ -198,6 +199,7 @@ class Recorder:
         sample_interval_ns: int = DEFAULT_INTERVAL_NS,
         overwrite: bool = False,
         sources: Sequence[Source] = (),
+        sinks: Sequence[Sink] = (),
     ) -> None:
         self.overwrite = overwrite
         self._guard: selfguard.Guard | None = None
@@ -209,6 +211,7 @@ class Recorder:
         self.status = status
         self.on_event = on_event
         self.extra_sources = list(sources)
+        self.extra_sinks = list(sinks)
         self.header: TraceHeader | None = None
         self.stop = _StopFlag()
         self.warnings: list[str] = []
@@ -380,6 +383,7 @@ class Recorder:
         if writer is not None:
             pipeline.sinks.append(TraceSink(writer))
         pipeline.sinks.append(AnalyzerSink(self.analyzer, self.on_event))
+        pipeline.sinks += self.extra_sinks
         selfguard.trim_heap()  # libbpf's parse of the kernel BTF is freed by now
         child: GatedChild | None = None
         prev_handlers = self._install_signal_handlers()

@@ -43,7 +43,7 @@ from tracer.events import (
 )
 from tracer.gpu import curesult
 from tracer.gpu.libcuda import ALLOC_FUNCTIONS, INIT_FUNCTIONS
-from tracer.gpu.xid import APP_FAULT_XIDS, DEVICE_LOST_XIDS, xid_meaning
+from tracer.parse.xid import APP_FAULT_XIDS, DEVICE_LOST_XIDS, xid_meaning
 
 __all__ = ["Finding", "GpuFacts", "GpuStore", "describe_event", "facts", "judge"]
 

@@ -1,10 +1,10 @@
 """Where the CUDA driver library is: the libcuda a process maps, the host's own copy, and the
 file offsets of the allocation entry points in it.
 
-Pure parsers (``parse_maps``, ``parse_ldconfig``) plus thin readers of /proc and the file
-system, so everything here is tested without root or a GPU. The entry points' file offsets are
-read from the ELF symbol tables by ``tracer.parse.elf`` (the uprobe loader,
-``tracer.bpf.gpuhooks``, looks them up when it attaches a library).
+Thin readers of /proc and the file system over pure parsers (``tracer.parse.libcuda``:
+``parse_maps``, ``parse_ldconfig``), so everything here is tested without root or a GPU. The
+entry points' file offsets are read from the ELF symbol tables by ``tracer.parse.elf`` (the
+uprobe loader, ``tracer.bpf.gpuhooks``, looks them up when it attaches a library).
 
 Why our own ELF symbol lookup rather than libbpf's ``func_name`` resolution: it reads the
 symbol table once per library instead of once per probe, says which entry points a driver
@@ -16,9 +16,9 @@ programs on every call and count each failure twice.
 from __future__ import annotations
 
 import os
-import re
 import subprocess
-from dataclasses import dataclass
+
+from tracer.parse.libcuda import Mapping, parse_ldconfig, parse_maps
 
 __all__ = [
     "ALLOC_FUNCTIONS",
@@ -27,10 +27,7 @@ __all__ = [
     "Mapping",
     "attach_path",
     "host_libraries",
-    "is_libcuda",
     "mappings_of",
-    "parse_ldconfig",
-    "parse_maps",
 ]
 
 # The allocation entry points whose failures are caught (the BPF program names are in
@@ -56,9 +53,6 @@ INIT_FUNCTIONS = (
     "cuCtxCreate_v4",
 )
 
-# libcuda.so.1 is a symlink to libcuda.so.<driver version>; a process maps the target.
-_LIBCUDA_RE = re.compile(r"(?:^|/)libcuda\.so(?:\.[0-9]+)*$")
-_DELETED = " (deleted)"
 # Directories the driver installs into, for hosts without ldconfig's cache.
 _DRIVER_DIRS = (
     "/usr/lib/x86_64-linux-gnu",
@@ -68,50 +62,6 @@ _DRIVER_DIRS = (
     "/usr/local/nvidia/lib64",
     "/usr/lib/wsl/lib",
 )
-
-
-def is_libcuda(path: str) -> bool:
-    return _LIBCUDA_RE.search(path) is not None
-
-
-@dataclass(frozen=True, slots=True)
-class Mapping:
-    """A libcuda file mapped by a process, as /proc/PID/maps shows it."""
-
-    path: str  # inside the process's mount namespace
-    dev: int  # st_dev of the mapped file (the inode uprobes are keyed by)
-    inode: int
-    start: int  # first mapping's address range, for /proc/PID/map_files
-    end: int
-    deleted: bool  # replaced on disk since it was mapped (a driver upgrade)
-
-    @property
-    def key(self) -> tuple[int, int]:
-        return (self.dev, self.inode)
-
-
-def parse_maps(text: str) -> list[Mapping]:
-    """The libcuda files in a /proc/PID/maps text, one per file (first mapping)."""
-    out: dict[tuple[int, int], Mapping] = {}
-    for line in text.splitlines():
-        parts = line.split(maxsplit=5)
-        if len(parts) < 6:
-            continue
-        path = parts[5]
-        deleted = path.endswith(_DELETED)
-        if deleted:
-            path = path[: -len(_DELETED)]
-        if not is_libcuda(path):
-            continue
-        try:
-            lo, hi = (int(x, 16) for x in parts[0].split("-", 1))
-            major, minor = (int(x, 16) for x in parts[3].split(":", 1))
-            inode = int(parts[4])
-        except ValueError:
-            continue
-        m = Mapping(path, os.makedev(major, minor), inode, lo, hi, deleted)
-        out.setdefault(m.key, m)
-    return list(out.values())
 
 
 def mappings_of(pid: int, proc: str = "/proc") -> list[Mapping]:
@@ -139,16 +89,6 @@ def attach_path(pid: int, m: Mapping, proc: str = "/proc") -> str | None:
         if i == 0 or (st.st_ino == m.inode and st.st_dev == m.dev):
             return path
     return None
-
-
-def parse_ldconfig(text: str) -> list[str]:
-    """Paths of libcuda.so.1 in ``ldconfig -p`` output."""
-    out = []
-    for line in text.splitlines():
-        name, sep, path = line.strip().partition(" => ")
-        if sep and name.split(" ", 1)[0] == "libcuda.so.1":
-            out.append(path.strip())
-    return out
 
 
 def host_libraries() -> list[str]:

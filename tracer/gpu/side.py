@@ -50,9 +50,8 @@ from tracer.events import (
     GpuOomRecovered,
     Lost,
 )
-from tracer.gpu import holdguard, libcuda, xid
+from tracer.gpu import holdguard, libcuda
 from tracer.gpu.nvml import DEFAULT_INTERVAL_S, Clock, GpuSampler, open_nvml
-from tracer.parse.kmsg import KmsgRecord
 
 __all__ = ["GpuSide"]
 
@@ -377,10 +376,6 @@ class GpuSide:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._guard.wait(timeout=5)
             self._guard = None
-
-    def from_kmsg(self, rec: KmsgRecord, ts: int) -> list[Event]:
-        ev = xid.event_from_kmsg(rec, ts)
-        return [ev] if ev is not None else []
 
     def _second_looks(self) -> None:
         """Queue the watched processes not known to map libcuda (they may dlopen it any time),

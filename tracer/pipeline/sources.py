@@ -24,13 +24,13 @@ from typing import TYPE_CHECKING
 from tracer.bpf import layout
 from tracer.bpf.decode import Decoder
 from tracer.bpf.libbpf import RingBuffer
-from tracer.clock import boottime_ns
+from tracer.clock import boottime_ns, monotonic_offset_ns
 from tracer.events import Event, KmsgOom, Lost, ProbeSample, ReclaimSummary
-from tracer.gpu import xid
+from tracer.parse import xid
 from tracer.parse.kmsg import OomAssembler
 from tracer.pipeline.core import HeaderPart
 from tracer.sources import system
-from tracer.sources.kmsg import KmsgReader, monotonic_to_boottime_offset_ns, record_ts_ns
+from tracer.sources.kmsg import KmsgReader, record_ts_ns
 
 if TYPE_CHECKING:
     from tracer.bpf import hooks
@@ -203,23 +203,25 @@ class KmsgSource(_Quiet):
     """/dev/kmsg: OOM reports that ``wants`` (the watched set) and GPU Xid lines. Without the
     kernel log the recording goes on (OOM kills still come from the kernel hooks)."""
 
-    def __init__(self, wants: Callable[[KmsgOom], bool]) -> None:
+    def __init__(
+        self, wants: Callable[[KmsgOom], bool], open_reader: Callable[[], KmsgReader] = KmsgReader
+    ) -> None:
         self.wants = wants
         self.reader: KmsgReader | None = None
         self._warnings: list[str] = []
         try:
-            self.reader = KmsgReader()
+            self.reader = open_reader()
         except Exception as exc:
             self._warnings.append(f"kernel log unavailable ({exc}): OOM reports come from BPF only")
         self.assembler = OomAssembler()
-        self.offset_ns = monotonic_to_boottime_offset_ns()
+        self.monotonic_offset = monotonic_offset_ns()
 
     def poll(self, now_ns: int, behind: bool) -> list[Event]:
         if behind or self.reader is None:
             return []
         out: list[Event] = []
         for rec in self.reader.read_available():
-            ts = record_ts_ns(rec, self.offset_ns)
+            ts = record_ts_ns(rec, self.monotonic_offset)
             out.extend(k for k in self.assembler.feed(rec, ts) if self.wants(k))
             gpu = xid.event_from_kmsg(rec, ts)
             if gpu is not None:

@@ -2,7 +2,7 @@
 
 This module owns the systemd client: ``SystemdRuntime`` runs
 ``systemctl show -p Id,LoadState,ActiveState,SubState,MainPID,ControlGroup,NRestarts,Restart,Result
--- UNIT`` with a timeout, ``parse_systemctl_show`` (pure) reads its ``Key=value`` lines and
+-- UNIT`` with a timeout, ``tracer.parse.systemd`` reads its ``Key=value`` lines and
 ``info_from_systemctl_show`` (pure) maps them onto ``ContainerInfo`` (id and name: the unit).
 
 systemd counts restarts in ``NRestarts`` (since v235; it counts automatic restarts by
@@ -25,9 +25,10 @@ import os
 import shutil
 from typing import Any
 
+from tracer.parse.systemd import parse_systemctl_show
 from tracer.runtimes.base import ContainerInfo, LookupFailed, Runtime, first_line, run_command
 
-__all__ = ["SHOW_PROPERTIES", "SystemdRuntime", "info_from_systemctl_show", "parse_systemctl_show"]
+__all__ = ["SHOW_PROPERTIES", "SystemdRuntime", "info_from_systemctl_show"]
 
 SHOW_PROPERTIES = (
     "Id",
@@ -53,16 +54,6 @@ _CLD_EXITED, _CLD_KILLED, _CLD_DUMPED = 1, 2, 3
 # Unit types that can have a main process and a restart count. A bare name means a service,
 # as it does for systemctl itself.
 _UNIT_SUFFIXES = (".service", ".scope", ".socket", ".mount", ".swap", ".timer", ".path", ".slice")
-
-
-def parse_systemctl_show(text: str) -> dict[str, str]:
-    """``Key=value`` lines → dict. Values keep their text ("[not set]" stays as it is)."""
-    props: dict[str, str] = {}
-    for line in text.splitlines():
-        key, sep, value = line.partition("=")
-        if sep and key and " " not in key:
-            props[key] = value
-    return props
 
 
 def info_from_systemctl_show(unit: str, props: dict[str, str]) -> ContainerInfo | None:

@@ -7,20 +7,20 @@ record per ``read(2)`` and reports records the kernel overwrote before we read t
 ``EPIPE``, which is why it cannot be read like a regular file.
 
 Record timestamps are on the kernel's ``local_clock()`` (CLOCK_MONOTONIC, near enough) while
-every whyrestart event is stamped on CLOCK_BOOTTIME; ``monotonic_to_boottime_offset_ns`` and
-``record_ts_ns`` bridge the two.
+every whyrestart event is stamped on CLOCK_BOOTTIME; ``record_ts_ns`` bridges the two with
+``tracer.clock``'s offset.
 """
 
 from __future__ import annotations
 
 import errno
 import os
-import time
 
+from tracer.clock import monotonic_to_boottime
 from tracer.errors import KernelUnsupported, PermissionProblem, WhyrestartError
 from tracer.parse.kmsg import KmsgRecord, parse_record
 
-__all__ = ["KmsgReader", "monotonic_to_boottime_offset_ns", "record_ts_ns"]
+__all__ = ["KmsgReader", "record_ts_ns"]
 
 DEFAULT_PATH = "/dev/kmsg"
 
@@ -180,25 +180,6 @@ def _open_error(path: str, exc: OSError) -> WhyrestartError:
 # Clocks
 
 
-def monotonic_to_boottime_offset_ns() -> int:
-    """CLOCK_BOOTTIME minus CLOCK_MONOTONIC, in ns: the time the machine spent suspended.
-
-    Sampled as MONOTONIC, BOOTTIME, MONOTONIC a few times; the tightest bracket wins, so a
-    preemption between the reads does not skew the offset.
-    """
-    best_width: int | None = None
-    best = 0
-    for _ in range(3):
-        m1 = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-        b = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
-        m2 = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-        width = m2 - m1
-        if best_width is None or width < best_width:
-            best_width = width
-            best = b - (m1 + m2) // 2
-    return best
-
-
-def record_ts_ns(rec: KmsgRecord, offset_ns: int) -> int:
-    """The record's time on CLOCK_BOOTTIME (ns), given ``monotonic_to_boottime_offset_ns()``."""
-    return rec.ts_us * 1000 + offset_ns
+def record_ts_ns(rec: KmsgRecord, monotonic_offset: int) -> int:
+    """The record's time on CLOCK_BOOTTIME (ns), given ``tracer.clock.monotonic_offset_ns()``."""
+    return monotonic_to_boottime(rec.ts_us * 1000, monotonic_offset)
