@@ -14,8 +14,10 @@ once, starts the NVML sampler (``tracer.gpu.nvml``), and then, from the recorder
   (``tracer.gpu.holdguard``) resumes them if this process dies, and ends holds that last longer
   than its bound;
 * hands back, from ``poll``, the GPU object's ring-buffer records, NVML's samples and events,
-  and one ``GpuLibrary`` event per process that maps a driver library;
-* turns the driver's kernel-log lines into Xid and lost-GPU events (``from_kmsg``).
+  and one ``GpuLibrary`` event per process that maps a driver library.
+
+(The driver's kernel-log lines become Xid and lost-GPU events in the kernel-log source,
+``tracer.pipeline.sources.KmsgSource``, through ``tracer.parse.xid``.)
 
 Nothing here is fatal: without the BPF object, uprobes or NVML the recording goes on, and
 ``describe`` (written into the trace header) says what is missing and why.
