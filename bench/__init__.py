@@ -23,6 +23,10 @@ Sections (all of them, in this order, when none is named):
   soak      `whyrestart record --all` for --soak-seconds (10 minutes) at --soak-rate exits/s:
             RSS every second (flat?), loss, CPU. CI runs a shortened soak
             (tests/test_soak_root.py).
+  gpuhold   a program that loads libcuda from an unprobed path (LD_LIBRARY_PATH) and fails its
+            first allocation at once, recorded --gpuhold-runs times (a fresh stand-in library
+            each), and a fork storm of --gpuhold-storm of them: failures caught, holds taken and
+            not taken, how long a held program waited.
 
 Sections with tools (storm, signals, reclaim) run their variants round-robin for --rounds rounds
 (the order rotates every round), each run being:

@@ -9,14 +9,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 MiB = 1 << 20
 
-SECTIONS = ("storm", "signals", "reclaim", "overflow", "decode", "replay", "soak")
+SECTIONS = ("storm", "signals", "reclaim", "overflow", "decode", "replay", "soak", "gpuhold")
 SECTION_VARIANTS = {
     "storm": ("bare", "whyrestart", "bpftrace", "exitsnoop"),
     "signals": ("bare", "whyrestart", "bpftrace", "sigsnoop"),
     "reclaim": ("bare", "whyrestart", "bpftrace"),
 }
 TOOLS = ("bare", "whyrestart", "bpftrace", "exitsnoop", "sigsnoop")
-WHYRESTART_ONLY = ("overflow", "soak")  # sections that measure whyrestart alone
+WHYRESTART_ONLY = ("overflow", "soak", "gpuhold")  # sections that measure whyrestart alone
 
 
 @dataclass
@@ -52,6 +52,8 @@ class Options:
     soak_seconds: float = 600.0
     soak_exits: str = "mixed"
     soak_rate: float = 1000.0
+    gpuhold_runs: int = 20
+    gpuhold_storm: int = 200
     keep_tmp: bool = False
 
     def pinned(self, cmd: list[str]) -> list[str]:
@@ -193,6 +195,18 @@ def _parser() -> argparse.ArgumentParser:
         "verdicts are kept: the heavier) and/or zero (clean exits) (mixed)",
     )
     g.add_argument("--soak-rate", type=float, default=d.soak_rate, help="soak: exits/s (1000)")
+    g.add_argument(
+        "--gpuhold-runs",
+        type=int,
+        default=d.gpuhold_runs,
+        help="gpuhold: recordings of one program failing at once (20)",
+    )
+    g.add_argument(
+        "--gpuhold-storm",
+        type=int,
+        default=d.gpuhold_storm,
+        help="gpuhold: programs in the fork storm (200)",
+    )
     ap.add_argument("--keep-tmp", action="store_true", help="keep the temp dir (its path is shown)")
     return ap
 
@@ -210,6 +224,7 @@ def parse_args(argv: list[str] | None = None) -> Options:
         opts.replay_events = 100_000
         opts.soak_seconds = 5.0
         opts.overflow_seconds, opts.overflow_stop = 7.0, 4.0
+        opts.gpuhold_runs, opts.gpuhold_storm = 2, 20
     if opts.rounds < 1 or opts.seconds <= 0:
         ap.error("--rounds and --seconds must be positive")
     bad = [s for s in opts.sections if s not in SECTIONS]

@@ -30,6 +30,7 @@ TABLES = {
     "decode": ("## Decode throughput (batched, Python)", "| records | bytes each |"),
     "replay": ("## Replay throughput (100,001-event", "| what | seconds | events/s |"),
     "soak": ("## Tracer RSS steady state", "| storm children exit | exits made |"),
+    "gpuhold": ("## GPU: a program's first driver call", "| what | programs |"),
 }
 
 

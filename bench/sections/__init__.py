@@ -8,7 +8,7 @@ from pathlib import Path
 from bench.options import Options
 from bench.records import Section
 from bench.runner import Context
-from bench.sections import decode, overflow, reclaim, replay, signals, soak, storm
+from bench.sections import decode, gpuhold, overflow, reclaim, replay, signals, soak, storm
 
 SectionRun = Callable[[Options, Path, Context], Section]
 
@@ -20,4 +20,5 @@ RUNS: dict[str, SectionRun] = {
     "decode": decode.run,
     "replay": replay.run,
     "soak": soak.run,
+    "gpuhold": gpuhold.run,
 }
