@@ -13,6 +13,7 @@ from tracer.events import (
     Exit,
     Fork,
     GpuAllocFailure,
+    GpuCallFailure,
     GpuLibrary,
     GpuLost,
     GpuOomRecovered,
@@ -292,6 +293,27 @@ def gpu_recovered(
         requested_bytes=requested,
         held_bytes=held,
         peak_bytes=70 * GiB,
+        failures=failures,
+    )
+
+
+def gpu_call(
+    at: float,
+    pid: int,
+    function: str = "cuInit",
+    result: int = 100,
+    failures: int = 1,
+    requested: int = 0,
+) -> GpuCallFailure:
+    return GpuCallFailure(
+        ts=t(at),
+        pid=pid,
+        tid=pid,
+        comm="app",
+        cgroup_id=10,
+        function=function,
+        result=result,
+        requested_bytes=requested,
         failures=failures,
     )
 

@@ -12,6 +12,7 @@ import signal
 from tests.streams import (
     GiB,
     exit_code,
+    gpu_call,
     gpu_fail,
     gpu_lib,
     gpu_lost,
@@ -249,6 +250,71 @@ def test_xid_31_never_makes_a_gpu_oom_and_an_oom_is_still_an_oom() -> None:
 
 
 # -- plumbing --------------------------------------------------------------------------------
+
+
+# -- CUDA could not start ---------------------------------------------------------------------
+
+
+def test_cuinit_failing_then_exit_1_names_the_failure() -> None:
+    v = one(
+        gpu_call(1.0, 100, "cuInit", 803),
+        gpu_call(1.001, 100, "cuMemAlloc_v2", 3, failures=2, requested=GiB),
+        exit_code(1.2, 100, 1),
+    )
+    assert (v.cause, v.confidence, v.exit_code) == ("app_exit", "high", 1)
+    assert v.summary == (
+        "CUDA could not initialise: CUDA_ERROR_SYSTEM_DRIVER_MISMATCH (cuInit returned 803), "
+        "then it exited with code 1"
+    )
+    assert "does not match the kernel driver" in v.advice
+    texts = [text for _, text in v.evidence]
+    assert texts[:2] == [
+        "[uprobe] cuInit returned CUDA_ERROR_SYSTEM_DRIVER_MISMATCH (803)",
+        "[uprobe] cuMemAlloc_v2 of 1.0 GiB returned CUDA_ERROR_NOT_INITIALIZED (3)",
+    ]
+
+
+def test_a_context_failing_is_named_and_a_clean_exit_says_it_ran_without_the_gpu() -> None:
+    v = one(gpu_call(1.0, 100, "cuDevicePrimaryCtxRetain", 804), exit_code(1.2, 100, 0))
+    assert (v.cause, v.exit_code) == ("app_exit", 0)
+    assert v.summary == (
+        "CUDA could not initialise: CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE "
+        "(cuDevicePrimaryCtxRetain returned 804), then it exited with code 0: it ran without "
+        "the GPU"
+    )
+    assert "/usr/local/cuda/compat" in v.advice
+
+
+def test_an_unnamed_code_is_shown_as_its_number() -> None:
+    v = one(gpu_call(1.0, 100, "cuInit", 12345), exit_code(1.2, 100, 2))
+    assert v.summary.startswith("CUDA could not initialise: CUresult 12345 (cuInit returned")
+
+
+def test_failing_allocations_alone_are_not_a_start_failure() -> None:
+    # not initialised, without the cuInit failure seen: nothing GPU decides this exit
+    v = one(gpu_call(1.0, 100, "cuMemAlloc_v2", 3, requested=GiB), exit_code(1.2, 100, 1))
+    assert v.cause == "app_exit"
+    assert "CUDA could not initialise" not in v.summary
+
+
+def test_a_process_killed_by_another_after_cuinit_failed_is_a_signal_kill() -> None:
+    v = one(
+        gpu_call(1.0, 100, "cuInit", 100),
+        sent(1.1, 200, 100, signal.SIGTERM),
+        killed(1.2, 100, signal.SIGTERM),
+    )
+    assert v.cause == "signal_kill"
+
+
+def test_a_start_failure_loop_is_counted_past_what_is_kept() -> None:
+    events: list[Event] = [
+        gpu_call(1.0 + i / 1000, 100, "cuInit", 999, failures=i + 1) for i in range(64)
+    ]
+    v = one(*events, exit_code(2.0, 100, 1))
+    assert "CUDA_ERROR_UNKNOWN" in v.summary
+    assert any("64 failing driver calls in all" in text for _, text in v.evidence)
+    # the first failure (the cause) is shown, and the last ones
+    assert any(ts == 1_000_000_000 for ts, _ in v.evidence)
 
 
 def test_verdicts_survive_the_trace_format() -> None:
