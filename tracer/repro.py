@@ -613,33 +613,27 @@ def default_parent(layout: CgroupLayout) -> str:
     return own
 
 
+@dataclass
 class _Liveness:
     """Runs the probe beside a run and, like a kubelet liveness probe, kills the workload after
     ``failures`` consecutive failures (never when ``failures`` is 0). It is a source of the
     run's recording: it starts when the recording does (``delay_s`` counts from then) and its
     results go into the run's trace."""
 
-    def __init__(
-        self,
-        spec: ProbeSpec,
-        interval_s: float,
-        timeout_s: float,
-        failures: int,
-        delay_s: float,
-        cgroup: ChildCgroup,
-    ) -> None:
-        self.spec = spec
-        self.interval_s = interval_s
-        self.timeout_s = timeout_s
-        self.failures = failures
-        self.delay_s = delay_s
-        self.cgroup = cgroup
+    spec: ProbeSpec
+    interval_s: float
+    timeout_s: float
+    failures: int
+    delay_s: float
+    cgroup: ChildCgroup
+    results: list[ProbeResult] = field(default_factory=list)
+    killed_at_ns: int | None = None
+
+    def __post_init__(self) -> None:
         from tracer.pipeline.sources import ProbeResultsSource
 
-        self.results: list[ProbeResult] = []
         # the recording's view of the results: each goes into the run's trace
-        self.source = ProbeResultsSource(spec.text, on_start=self.start, on_stop=self.stop)
-        self.killed_at_ns: int | None = None
+        self.source = ProbeResultsSource(self.spec.text, on_start=self.start, on_stop=self.stop)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="repro-liveness", daemon=True)
 
