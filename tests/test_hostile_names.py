@@ -255,3 +255,14 @@ def test_recorded_hostile_process(tmp_path: Path, command: str) -> None:
     replayed = run("replay", str(out))
     assert_clean(replayed)
     assert f"runs {tmp_path}/bin" in replayed and "\\x0d\\x08\\x08\\x9b2J" in replayed
+
+
+def test_explain_json_matches_the_verdict_schema(trace: Path) -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    from tracer.outputs.schema import EXPLAIN
+
+    doc = orjson.loads(run("explain", "--json", str(trace)))
+    jsonschema.validate(doc, EXPLAIN)
+    assert {v["cause"] for v in doc["verdicts"]} == {"cgroup_oom", "signal_kill", "app_exit"}
+    golden = Path(__file__).parent / "data" / "demo_v1_oom.trace"
+    jsonschema.validate(orjson.loads(run("explain", "--json", str(golden))), EXPLAIN)

@@ -274,18 +274,20 @@ def test_a_clean_exit_after_memory_pressure_claims_nothing() -> None:
 
 
 @pytest.mark.parametrize(
-    ("comm", "role", "words"),
+    ("comm", "cause", "role", "words"),
     [
-        ("systemd-oomd", "oom_daemon", "user-space OOM killer"),
-        ("earlyoom", "oom_daemon", "user-space OOM killer"),
-        ("kubelet", "kubelet", "kubelet"),
-        ("conmon", "supervisor", "stopped by conmon"),
-        ("bash", "other", "from bash"),
+        # (known by name only, no pressure seen: medium; tests/test_userspace_oom.py has more)
+        ("systemd-oomd", "userspace_oom", "oom_daemon", "user-space OOM killer"),
+        ("earlyoom", "userspace_oom", "oom_daemon", "user-space OOM killer"),
+        ("kubelet", "signal_kill", "kubelet", "kubelet"),
+        ("conmon", "signal_kill", "supervisor", "stopped by conmon"),
+        ("bash", "signal_kill", "other", "from bash"),
     ],
 )
-def test_sender_roles(comm: str, role: str, words: str) -> None:
+def test_sender_roles(comm: str, cause: str, role: str, words: str) -> None:
     v = one(sent(1.0, 300, 100, signal.SIGKILL, comm=comm), killed(1.0, 100, signal.SIGKILL))
-    assert (v.cause, v.sender_role) == ("signal_kill", role)
+    assert (v.cause, v.sender_role) == (cause, role)
+    assert v.confidence == ("medium" if cause == "userspace_oom" else "high")
     assert words in v.summary
 
 

@@ -124,6 +124,9 @@ class Signal(Event, frozen=True, tag="signal"):
     si_code: int
     result: int  # TRACE_SIGNAL_* (0 = delivered)
     group: bool  # sent to the whole thread group
+    # the sender's executable, read by user space (/proc/PID/exe) when the signal was recorded:
+    # its name (comm) is its own choice, its executable is not; "" when unknown (gone by then)
+    sender_exe: str = ""
 
 
 class OomKill(Event, frozen=True, tag="oom"):

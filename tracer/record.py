@@ -37,7 +37,7 @@ from tracer.follow import Follower, ProbeSetup
 from tracer.gpu.side import GpuSide
 from tracer.parse.cgroup import parse_proc_cgroup
 from tracer.pipeline.core import Enricher, Pipeline, Sink, Source, header_parts
-from tracer.pipeline.enrich import CgroupNamer, Follow, WatchSet
+from tracer.pipeline.enrich import CgroupNamer, Follow, SenderExe, WatchSet
 from tracer.pipeline.sinks import AnalyzerSink, TraceSink
 from tracer.pipeline.sources import (
     FollowerSource,
@@ -357,6 +357,7 @@ class Recorder:
             watch,
             gpu_source,
             Follow(self.follower, kernel, watch),
+            SenderExe(),
             CgroupNamer(resolver, self.follower),
         ]
         pipeline = Pipeline(sources, enrichers, [], clock=boottime_ns)

@@ -18,6 +18,7 @@ CGROUP_OOM = "cgroup_oom"
 GLOBAL_OOM = "global_oom"
 GPU_OOM = "gpu_oom"
 PROBE_KILL = "probe_kill"
+USERSPACE_OOM = "userspace_oom"
 SIGNAL_KILL = "signal_kill"
 DEVICE_RESET = "device_reset"
 APP_EXIT = "app_exit"
@@ -55,6 +56,8 @@ class Finding:
     stall_ns: int | None = None
     host_available: int | None = None
     exit_code: int | None = None
+    sender_exe: str | None = None
+    probe_failures: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +89,8 @@ class Verdict:
     breakdown: tuple[tuple[str, int], ...] = ()  # anon, file, shmem, file_mapped at the kill
     stall_ns: int | None = None  # reclaim + throttling in the minute before
     host_available: int | None = None
+    sender_exe: str | None = None  # the sender's executable, when the recording saw it
+    probe_failures: int = 0  # the unit's health probes failing in a row up to the exit
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -148,4 +153,6 @@ def verdict(ex: Exit, f: Finding, unit: str | None, main: bool) -> Verdict:
         breakdown=f.breakdown,
         stall_ns=f.stall_ns,
         host_available=f.host_available,
+        sender_exe=f.sender_exe,
+        probe_failures=f.probe_failures,
     )

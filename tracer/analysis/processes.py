@@ -77,6 +77,26 @@ class ProcessTable:
             self.evicted += 1
         return p
 
+    def ancestors(self, pid: int, ppid: int) -> frozenset[int]:
+        """The process's parent and its ancestors in the recorded tree (by who forked whom, so
+        a process reparented to a subreaper still names the one that started it), short of
+        pid 1; at most 64."""
+        proc = self.procs.get(pid)
+        parent = proc.ppid if proc is not None and proc.ppid else ppid
+        out: set[int] = set()
+        while parent > 1 and parent not in out and len(out) < 64:
+            out.add(parent)
+            up = self.procs.get(parent)
+            if up is None:
+                break
+            parent = up.ppid
+        return frozenset(out)
+
+    def exe_of(self, pid: int) -> str:
+        """A process's executable as its exec event named it ("" when not seen)."""
+        proc = self.procs.get(pid)
+        return proc.filename if proc is not None else ""
+
     # -- units -------------------------------------------------------------------------------
 
     def unit(self, proc: Proc, depth: int = 0) -> UnitName | None:

@@ -26,6 +26,7 @@ disagreement caps a verdict at medium, whichever rule made it (``decide`` enforc
 from __future__ import annotations
 
 import signal as _signal
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +45,7 @@ from tracer.analysis.findings import (
     PROBE_KILL,
     SIGNAL_KILL,
     UNKNOWN,
+    USERSPACE_OOM,
     Evidence_,
     Finding,
     Verdict,
@@ -54,6 +56,7 @@ from tracer.events import (
     Exit,
     KmsgOom,
     OomKill,
+    ProbeSample,
     ReclaimStall,
     Signal,
     signal_name,
@@ -64,6 +67,16 @@ SETTLE_NS = 1 * SECOND  # how long after an exit late evidence may still arrive
 ALLOC_FAIL_WINDOW_NS = 10 * SECOND  # "an allocation failure preceded" the exit
 PROBE_WINDOW_NS = 60 * SECOND
 PROBE_FAILURES = 3  # consecutive failed probes before a kill that make it a probe kill
+# A probe that answered this slowly counts as failing for a supervisor whose own timeout we do
+# not know (Kubernetes' default timeoutSeconds is 1): a kill after only slow probes is a
+# probe kill at medium confidence.
+SLOW_PROBE_NS = 1 * SECOND
+# Memory pressure that a user-space OOM killer (or a kubelet eviction) acts on, in the minute
+# before its kill: any one of these.
+PRESSURE_PSI_SOME = 10.0  # % (avg10), host or the victim's cgroups
+PRESSURE_AVAILABLE = 0.10  # of MemTotal
+PRESSURE_USAGE = 0.90  # of a cgroup's limit
+PRESSURE_STALL_NS = 1 * SECOND
 RUNTIME_HEALTHCHECK = "healthcheck"  # ProbeSample.target of a runtime's own exec health check
 HEADROOM = 0.15
 
@@ -94,6 +107,8 @@ class ExitView:
     main: bool = True  # its unit's main process
     init_exit: tuple[int, int] | None = None  # (pid, ts): its unit's main process ended
     child_death: Verdict | None = None  # the last death by a signal of another process there
+    ancestors: frozenset[int] = frozenset()  # its parent and theirs, in the recorded tree
+    exe_of: Callable[[int], str] | None = None  # a pid's executable from its exec, when seen
 
     @property
     def exit_ev(self) -> Evidence_:
@@ -137,11 +152,41 @@ def _kernel_kill(s: Signal) -> bool:
 
 def decide(v: ExitView) -> Finding:
     """The finding on one exit: the first rule family that applies. Whatever the rule, a
-    finding that lists a disagreement is at most medium."""
+    finding that lists a disagreement is at most medium, and one whose unit's health probes
+    were failing up to the exit lists them, cause or not."""
     f = _decide(v)
     if f.disagreements and f.confidence == HIGH:
         f = _with(f, confidence=MEDIUM)
+    if v.ev.probes:
+        f = _with_probe_failures(v, f)
     return f
+
+
+def failing_probes(v: ExitView, until: int) -> list[ProbeSample]:
+    """The unit's probes that failed (or timed out, or answered slower than SLOW_PROBE_NS)
+    without a break up to ``until``, oldest first: a probe that passed resets the count, as
+    Kubernetes' failureThreshold does."""
+    start = max(until - PROBE_WINDOW_NS, v.ex.start_ns)
+    probes = v.ev.probes_between(start, until, v.unit, v.unlabelled_probes)
+    run: list[ProbeSample] = []
+    for p in reversed(probes):
+        if p.ok and not p.timed_out and p.latency_ns < SLOW_PROBE_NS:
+            break
+        run.append(p)
+    run.reverse()
+    return run
+
+
+def _with_probe_failures(v: ExitView, f: Finding) -> Finding:
+    failing = failing_probes(v, v.ex.ts)
+    if not failing:
+        return f
+    if f.cause == PROBE_KILL:
+        return _with(f, probe_failures=len(failing))
+    # not the cause, but part of the picture: the failures, and for how long
+    lines = [(p.ts, say.probe_line(p)) for p in failing[-3:]]
+    lines.append((v.ex.ts, say.probes_failed_before(len(failing), v.ex.ts - failing[0].ts)))
+    return _with(f, evidence=tuple(sorted([*f.evidence, *lines])), probe_failures=len(failing))
 
 
 def _decide(v: ExitView) -> Finding:
@@ -534,12 +579,16 @@ def signal_exit(v: ExitView, had_oom: bool) -> Finding:
         )
     if _kernel_kill(last):
         return kernel_kill(v, last, disagree)
+    exe = last.sender_exe or (v.exe_of(last.sender_pid) if v.exe_of is not None else "")
     who = senders.classify(
         last.sender_comm,
         last.sender_pid,
         ex.pid,
         kernel=last.si_code == SI_KERNEL,
         supervisor_pids=v.supervisor_pids,
+        exe=exe,
+        cgroup=v.ev.path(last.sender_cgroup_id) or "",
+        ancestor=last.sender_pid in v.ancestors,
     )
     if who.role in (senders.ROLE_SELF, senders.ROLE_KERNEL):
         # A fault the process raised itself (si_code > 0: SIGSEGV, SIGBUS, SIGFPE...; the
@@ -564,6 +613,8 @@ def signal_exit(v: ExitView, had_oom: bool) -> Finding:
         if s.sender_pid != ex.pid
     ]
     evidence.append(v.exit_ev)
+    if who.doubt:
+        evidence.append((last.ts, who.doubt))
     # A stop: SIGTERM first, then SIGKILL from the same sender after the grace period.
     # (runtimes send each signal from a new `runc kill` process: match the sender by name)
     term = [s for s in recent if s.sig == _signal.SIGTERM and s.sender_comm == last.sender_comm]
@@ -571,10 +622,15 @@ def signal_exit(v: ExitView, had_oom: bool) -> Finding:
         how = say.stop_how((last.ts - term[0].ts) / 1e9)
     else:
         how = f"{name}{core}"
+    sender_exe = exe or None
     if who.role in (senders.ROLE_SUPERVISOR, senders.ROLE_KUBELET):
         probe = probe_kill(v, last, who, how, evidence, disagree)
         if probe is not None:
-            return probe
+            return _with(probe, sender_exe=sender_exe)
+    if who.role in (senders.ROLE_OOM_DAEMON, senders.ROLE_KUBELET):
+        oom = userspace_oom(v, last, who, how, evidence, disagree)
+        if oom is not None:
+            return _with(oom, sender_exe=sender_exe)
     summary, advice = say.sender_text(who, how, last.sender_comm, last.sender_pid)
     return Finding(
         SIGNAL_KILL,
@@ -586,6 +642,7 @@ def signal_exit(v: ExitView, had_oom: bool) -> Finding:
         sender_pid=last.sender_pid,
         sender_comm=last.sender_comm,
         sender_role=who.role,
+        sender_exe=sender_exe,
     )
 
 
@@ -652,33 +709,36 @@ def probe_kill(
     evidence: list[Evidence_],
     disagree: tuple[str, ...],
 ) -> Finding | None:
-    """A supervisor's kill while the unit's health probes were failing."""
+    """A supervisor's kill (a runtime, the kubelet, systemd, a --supervisor pid, or the
+    process that started the victim) while the unit's health probes were failing or slow."""
     ex, store = v.ex, v.ev
-    start = last.ts - PROBE_WINDOW_NS
-    probes = store.probes_between(max(start, ex.start_ns), last.ts, v.unit, v.unlabelled_probes)
-    # failing without a break up to the kill, like Kubernetes' failureThreshold: a probe that
-    # recovered resets the count
-    failing = 0
-    for p in reversed(probes):
-        if p.ok and not p.timed_out:
-            break
-        failing += 1
+    failing = failing_probes(v, last.ts)
     # a runtime's own health check (podman/docker HEALTHCHECK) is counted by the runtime,
     # which kills after its own --health-retries: the failed check just before its kill is its
     # decision; our probes need the recording's threshold
-    need = 1 if probes and probes[-1].target == RUNTIME_HEALTHCHECK else v.probe_failures
-    if failing < max(1, need):
+    need = 1 if failing and failing[-1].target == RUNTIME_HEALTHCHECK else v.probe_failures
+    if not failing or len(failing) < max(1, need):
         return None
-    recent = probes[-max(3, min(failing, 8)) :]
+    start = last.ts - PROBE_WINDOW_NS
+    recent = failing[-max(3, min(len(failing), 8)) :]
     stall = store.stall_ns(store.ancestry(ex.cgroup_id), start, last.ts)
     psi = store.psi_peak(start, last.ts)
     ev = [*evidence, *((p.ts, say.probe_line(p)) for p in recent)]
+    # only slow, never failed: the supervisor's patience is inferred, not recorded
+    slow_only = all(p.ok and not p.timed_out for p in failing)
     summary, advice = say.probe_kill_text(
-        who.description, how, say.probe_latencies(recent[-3:]), stall, psi
+        who.description,
+        how,
+        say.probe_latencies(recent[-3:]),
+        stall,
+        psi,
+        failed_for_ns=last.ts - failing[0].ts,
+        slow_only=slow_only,
     )
     return Finding(
         PROBE_KILL,
-        HIGH,  # two sources: the prober's failures and the signal hook's record of the kill
+        # two sources: the prober's failures and the signal hook's record of the kill
+        MEDIUM if slow_only else HIGH,
         summary,
         advice,
         tuple(sorted(ev)),
@@ -688,4 +748,102 @@ def probe_kill(
         sender_comm=last.sender_comm,
         sender_role=who.role,
         stall_ns=stall or None,
+        probe_failures=len(failing),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Pressure:
+    """Memory pressure in the minute before a kill, from the samples: what a user-space OOM
+    killer acts on."""
+
+    evidence: tuple[Evidence_, ...]
+    words: str  # "PSI some 42%, MemAvailable 180 MiB of 8 GiB, ..." ("" when none seen)
+    high: bool  # over a threshold a user-space killer would act on
+    stall_ns: int
+    host_available: int | None
+
+
+def pressure_before(v: ExitView, until: int) -> Pressure:
+    ex, store = v.ex, v.ev
+    start = until - HISTORY_NS
+    evidence: list[Evidence_] = []
+    high = False
+    some: float | None = None
+    worst_words: tuple[str, float, int] | None = None
+    hosts = [h for h in store.host if start <= h.ts <= until]
+    psi = [h for h in hosts if h.psi_some_avg10 is not None]
+    if psi:
+        top = max(psi, key=lambda h: h.psi_some_avg10 or 0.0)
+        some = top.psi_some_avg10 or 0.0
+        evidence.append((top.ts, say.host_psi(some, top.psi_full_avg10)))
+        high |= some >= PRESSURE_PSI_SOME
+    avail = [(h.mem_available, h) for h in hosts if h.mem_total and h.mem_available is not None]
+    host_available = None
+    if avail:
+        host_available, low = min(avail, key=lambda a: a[0])
+        evidence.append((low.ts, say.host_available(host_available, low.mem_total)))
+        high |= host_available < PRESSURE_AVAILABLE * low.mem_total
+    worst: tuple[float, CgroupSample, int] | None = None
+    cg_psi: CgroupSample | None = None
+    for cid in store.ancestry(ex.cgroup_id, at=until):
+        info = store.cgroups.get(cid)
+        for smp in store.samples_between(cid, start, until):
+            limit = smp.limit_bytes or (info.limit_bytes if info else None)
+            if limit and smp.usage_bytes is not None:
+                ratio = smp.usage_bytes / limit
+                if worst is None or ratio > worst[0]:
+                    worst = (ratio, smp, limit)
+            if smp.psi_some_avg10 is not None and (
+                cg_psi is None or smp.psi_some_avg10 > (cg_psi.psi_some_avg10 or 0.0)
+            ):
+                cg_psi = smp
+    if worst is not None:
+        ratio, smp, limit = worst
+        evidence.append((smp.ts, say.cgroup_usage(smp.path, smp.usage_bytes or 0, limit)))
+        worst_words = (smp.path, ratio, limit)
+        high |= ratio >= PRESSURE_USAGE
+    if cg_psi is not None and cg_psi.psi_some_avg10:
+        evidence.append((cg_psi.ts, say.cgroup_psi(cg_psi.path, cg_psi.psi_some_avg10)))
+        high |= cg_psi.psi_some_avg10 >= PRESSURE_PSI_SOME
+    stall = store.stall_ns(store.ancestry(ex.cgroup_id), start, until)
+    high |= stall >= PRESSURE_STALL_NS
+    words = say.pressure_words(some, host_available, worst_words, stall)
+    return Pressure(tuple(evidence), words, high, stall, host_available)
+
+
+def userspace_oom(
+    v: ExitView,
+    last: Signal,
+    who: senders.Sender,
+    how: str,
+    evidence: list[Evidence_],
+    disagree: tuple[str, ...],
+) -> Finding | None:
+    """A user-space memory killer's kill (systemd-oomd, earlyoom, nohang, lmkd; the kubelet
+    evicting under memory pressure), with the pressure it acted on. The killer is known by its
+    executable or cgroup (high, with pressure seen), or by its name only (medium); a kubelet's
+    kill is an eviction only when the pressure is there (medium: its decision is inferred)."""
+    p = pressure_before(v, last.ts)
+    kubelet = who.role == senders.ROLE_KUBELET
+    if kubelet and not p.high:
+        return None  # a pod deletion or a redeploy: a signal_kill by the kubelet
+    strong = who.identified_by in (senders.BY_EXECUTABLE, senders.BY_CGROUP)
+    confidence = HIGH if strong and p.evidence and not kubelet else MEDIUM
+    summary, advice = say.userspace_oom_text(who.description, how, p.words, kubelet)
+    if not strong:
+        evidence = [*evidence, (last.ts, say.known_by_name_only(last.sender_comm))]
+    return Finding(
+        USERSPACE_OOM,
+        confidence,
+        summary,
+        advice,
+        tuple(sorted([*evidence, *p.evidence])),
+        disagreements=disagree,
+        signal=signal_name(last.sig),
+        sender_pid=last.sender_pid,
+        sender_comm=last.sender_comm,
+        sender_role=who.role,
+        stall_ns=p.stall_ns or None,
+        host_available=p.host_available,
     )

@@ -1,11 +1,17 @@
 """Who sent a fatal signal: a supervisor stopping its service, a user-space OOM killer, the
-kubelet, or someone else. Pure: decided from the sender's name and cgroup as recorded.
+kubelet, or someone else. Pure: decided from what the kernel saw of the sender.
 
-The names are the process names (``comm``, at most 15 characters) these programs run as.
+A process chooses its own name (``comm``, 15 characters, prctl), so the name is the weakest
+witness. Stronger ones, when the recording has them: the sender's **executable** (from its exec
+event, or read from /proc when its signal was recorded: ``Signal.sender_exe``), its **cgroup**
+(``systemd-oomd.service``, ``earlyoom.service``) and its **relation to the victim** (its parent
+or an ancestor in the recorded process tree: whoever started a process and kills it is its
+supervisor, whatever it is called). A name that the executable contradicts is not believed.
 """
 
 from __future__ import annotations
 
+import posixpath
 from dataclasses import dataclass
 
 from tracer.events import Signal
@@ -43,11 +49,20 @@ ROLE_SELF = "self"
 ROLE_KERNEL = "kernel"
 ROLE_OTHER = "other"
 
+# how a sender was recognised, strongest first
+BY_EXECUTABLE = "executable"
+BY_CGROUP = "cgroup"
+BY_TREE = "process tree"
+BY_PID = "pid"
+BY_NAME = "name"
+
 
 @dataclass(frozen=True, slots=True)
 class Sender:
     role: str
     description: str  # e.g. "systemd-oomd (a user-space OOM killer)"
+    identified_by: str = BY_NAME  # BY_*: what told us the role
+    doubt: str = ""  # when the name claims a role the executable or cgroup contradicts
 
 
 def _matches(comm: str, names: tuple[str, ...]) -> bool:
@@ -56,24 +71,82 @@ def _matches(comm: str, names: tuple[str, ...]) -> bool:
     return any(comm == n[:15] for n in names)
 
 
+# An interpreter's executable says nothing about the script it runs (nohang is Python, so its
+# /proc/PID/exe is python3): then the name and the cgroup are all there is.
+_INTERPRETERS = ("python", "perl", "ruby", "node", "sh", "bash", "dash", "busybox")
+
+
+def _program(exe: str) -> str:
+    """The program an executable path runs: its file name (``/usr/lib/systemd/systemd-oomd``
+    -> ``systemd-oomd``); "" for an interpreter or when unknown."""
+    name = posixpath.basename(exe) if exe else ""
+    if name.rstrip("0123456789.") in _INTERPRETERS:
+        return ""
+    return name
+
+
+def _service(cgroup: str) -> str:
+    """The systemd service (or scope) a cgroup path belongs to, without its suffix
+    (``/system.slice/earlyoom.service`` -> ``earlyoom``); "" when none."""
+    for part in reversed(cgroup.split("/")):
+        for suffix in (".service", ".scope"):
+            if part.endswith(suffix):
+                stem = part[: -len(suffix)]
+                return stem.split("@", 1)[0]
+    return ""
+
+
+def _identify(comm: str, exe: str, cgroup: str, names: tuple[str, ...]) -> str | None:
+    """How the sender is one of ``names``: by its executable, its service's cgroup, or only its
+    name (None: it is not, or its name says so and its executable says otherwise)."""
+    program, service = _program(exe), _service(cgroup)
+    if program and program in names:
+        return BY_EXECUTABLE
+    if service and service in names:
+        return BY_CGROUP
+    if _matches(comm, names) and not program:
+        return BY_NAME
+    return None
+
+
 def classify(
     comm: str,
     pid: int,
     target_pid: int,
     kernel: bool = False,
     supervisor_pids: frozenset[int] = frozenset(),
+    *,
+    exe: str = "",
+    cgroup: str = "",
+    ancestor: bool = False,
 ) -> Sender:
+    """The sender's role. ``exe``: its executable when known; ``cgroup``: its cgroup path when
+    known; ``ancestor``: it is the victim's parent or an ancestor in the recorded tree."""
     if kernel:
         return Sender(ROLE_KERNEL, "the kernel")
     if pid == target_pid:
         return Sender(ROLE_SELF, "the process itself")
-    if _matches(comm, OOM_DAEMONS):
-        return Sender(ROLE_OOM_DAEMON, f"{comm} (a user-space OOM killer)")
-    if _matches(comm, KUBELET):
-        return Sender(ROLE_KUBELET, "the kubelet")
-    if pid in supervisor_pids or pid == 1 or _matches(comm, SUPERVISORS):
-        return Sender(ROLE_SUPERVISOR, f"{comm} (pid {pid}, a supervisor)")
-    return Sender(ROLE_OTHER, f"{comm} (pid {pid})")
+    program = _program(exe)
+    name = program or comm
+    how = _identify(comm, exe, cgroup, OOM_DAEMONS)
+    if how is not None:
+        return Sender(ROLE_OOM_DAEMON, f"{name} (pid {pid}, a user-space OOM killer)", how)
+    how = _identify(comm, exe, cgroup, KUBELET)
+    if how is not None:
+        return Sender(ROLE_KUBELET, f"the kubelet (pid {pid})", how)
+    if ancestor:
+        return Sender(ROLE_SUPERVISOR, f"{name} (pid {pid}, the process that started it)", BY_TREE)
+    if pid in supervisor_pids:
+        return Sender(ROLE_SUPERVISOR, f"{name} (pid {pid}, the --supervisor)", BY_PID)
+    if pid == 1:
+        return Sender(ROLE_SUPERVISOR, f"{name} (pid 1, the init system)", BY_PID)
+    how = _identify(comm, exe, cgroup, SUPERVISORS)
+    if how is not None:
+        return Sender(ROLE_SUPERVISOR, f"{name} (pid {pid}, a supervisor)", how)
+    doubt = ""
+    if program and _matches(comm, OOM_DAEMONS + KUBELET + SUPERVISORS):
+        doubt = f"it is named {comm}, but runs {exe}: not taken for what its name claims"
+    return Sender(ROLE_OTHER, f"{name} (pid {pid})", BY_EXECUTABLE if program else BY_NAME, doubt)
 
 
 # signal_generate results that left the signal pending (TRACE_SIGNAL_DELIVERED, and LOSE_INFO:

@@ -450,6 +450,9 @@ class Analyzer:
             main=main,
             init_exit=table.main_exits.get(key) if key else None,
             child_death=self._deaths.get(key) if key and main else None,
+            # (who started it, and what it runs: only a death by a signal asks)
+            ancestors=table.ancestors(ex.pid, ex.ppid) if ex.status & 0x7F else frozenset(),
+            exe_of=table.exe_of,
         )
         v = verdict(ex, rules.decide(view), label, main)
         if key is not None and not main and v.signal is not None:

@@ -253,13 +253,65 @@ def stop_how(grace_s: float) -> str:
     return f"SIGTERM, then SIGKILL {grace_s:.1f} s later (the stop grace period ran out)"
 
 
-def oom_daemon_text(who: str, how: str) -> tuple[str, str]:
+def userspace_oom_text(who: str, how: str, pressure: str, kubelet: bool) -> tuple[str, str]:
+    seen = f"; in the minute before: {pressure}" if pressure else "; no pressure samples seen"
+    if kubelet:
+        return (
+            f"evicted by {who} with {how} under memory pressure{seen}",
+            "the node ran short of memory and the kubelet evicted the pod: set memory requests "
+            "that match its use (a pod using more than its request goes first), or give the "
+            "node more memory; `kubectl describe pod` shows the eviction",
+        )
     return (
-        f"killed by {who} with {how}: memory pressure",
-        "a user-space OOM killer acted on memory pressure before the kernel "
-        "would have: check its thresholds (PSI, free memory) and this "
-        "service's memory use",
+        f"killed by {who} with {how}: a user-space OOM killer acting on memory pressure{seen}",
+        "a user-space OOM killer acted on memory pressure before the kernel would have: "
+        "check its thresholds (PSI, free memory) and this service's memory use; the host's "
+        "free memory is not the number it watches",
     )
+
+
+def known_by_name_only(comm: str) -> str:
+    return (
+        f"the sender was known only by its name ({comm}): its executable and cgroup were not "
+        "seen (recorded from before it started, or gone when its signal was read)"
+    )
+
+
+def pressure_words(
+    psi_some: float | None,
+    available: int | None,
+    fullest: tuple[str, float, int] | None,
+    stall_ns: int,
+) -> str:
+    """The pressure of the minute before a kill, in a few words ("" when none was seen)."""
+    words = []
+    if psi_some is not None:
+        words.append(f"host memory PSI some {psi_some:.0f}%")
+    if available is not None:
+        words.append(f"MemAvailable {fmt_bytes(available)}")
+    if fullest is not None:
+        path, ratio, limit = fullest
+        words.append(f"{path} at {ratio:.0%} of {fmt_bytes(limit)}")
+    if stall_ns:
+        words.append(f"{fmt_duration(stall_ns)} of reclaim stalls")
+    return ", ".join(words)
+
+
+def host_psi(some: float, full: float | None) -> str:
+    tail = f", full {full:.1f}%" if full is not None else ""
+    return f"host memory PSI some peaked at {some:.1f}%{tail} (avg10)"
+
+
+def host_available(available: int, total: int) -> str:
+    return f"host MemAvailable fell to {fmt_bytes(available)} of {fmt_bytes(total)}"
+
+
+def cgroup_usage(path: str, usage: int, limit: int) -> str:
+    return f"{path} used {fmt_bytes(usage)} of its {fmt_bytes(limit)} limit ({usage / limit:.0%})"
+
+
+def cgroup_psi(path: str, some: float) -> str:
+    return f"memory PSI some of {path} peaked at {some:.1f}% (avg10)"
 
 
 def kubelet_text(how: str) -> tuple[str, str]:
@@ -280,8 +332,8 @@ def supervisor_text(who: str, how: str) -> tuple[str, str]:
 
 def sender_text(who: Sender, how: str, sender_comm: str, sender_pid: int) -> tuple[str, str]:
     """A kill by another process, worded by who sent it."""
-    if who.role == ROLE_OOM_DAEMON:
-        return oom_daemon_text(who.description, how)
+    if who.role == ROLE_OOM_DAEMON:  # (a userspace_oom: rules.userspace_oom words it)
+        return userspace_oom_text(who.description, how, "", False)
     if who.role == ROLE_KUBELET:
         return kubelet_text(how)
     if who.role == ROLE_SUPERVISOR:
@@ -313,13 +365,27 @@ def probe_line(p: ProbeSample) -> str:
     return f"probe {p.target}: {p.latency_ns / 1e6:.0f} ms, {outcome}"
 
 
-def probe_kill_text(who: str, how: str, lat: str, stall: int, psi: float | None) -> tuple[str, str]:
+def probes_failed_before(n: int, for_ns: int) -> str:
+    return f"health probes had failed for {fmt_duration(for_ns)} ({n} in a row) before this exit"
+
+
+def probe_kill_text(
+    who: str,
+    how: str,
+    lat: str,
+    stall: int,
+    psi: float | None,
+    failed_for_ns: int = 0,
+    slow_only: bool = False,
+) -> tuple[str, str]:
     context = ""
     if stall:
         context += f"; {fmt_duration(stall)} of reclaim stalls in the minute before"
     if psi is not None:
         context += f"; memory PSI some peaked at {psi:.1f}%"
-    summary = f"killed by {who} with {how} after failing health probes (last: {lat}){context}"
+    what = "slow health probes" if slow_only else "failing health probes"
+    during = f" for {fmt_duration(failed_for_ns)}" if failed_for_ns else ""
+    summary = f"killed by {who} with {how} after {what}{during} (last: {lat}){context}"
     if stall:
         advice = (
             f"the probe failed during {fmt_duration(stall)} of reclaim stalls: give the "

@@ -9,10 +9,20 @@ Modules:
 * ``tracer.outputs.report``: the self-contained HTML report (inline SVG charts drawn by
   matplotlib, no scripts, no network) and its PNG twin.
 * ``tracer.outputs.perfetto``: Chrome trace-event JSON for ui.perfetto.dev.
+* ``tracer.outputs.schema``: the JSON Schema of verdict objects and ``explain --json``.
 * ``tracer.repro`` (beside this package) runs the experiments whose JSON shape is below.
 
 JSON shapes
 ===========
+
+A verdict object (in ``record``, ``replay``, ``explain`` and ``postmortem --json``) is
+``Verdict.to_json()`` plus ``"t"``; its JSON Schema is ``tracer.outputs.schema.VERDICT``
+(``EXPLAIN`` for ``explain --json``'s document), checked against real output by the tests.
+Causes: ``cgroup_oom``, ``global_oom``, ``gpu_oom``, ``probe_kill``, ``userspace_oom``,
+``signal_kill``, ``device_reset``, ``app_exit``, ``unknown``. ``sender_exe`` is the sender's
+executable when the recording saw it; ``probe_failures`` counts the unit's health probes that
+failed in a row up to the exit, whatever the cause. Strings are exact (a process name may hold
+control characters: JSON escapes them, text outputs show them as ``\\xNN``).
 
 Every JSON document whyrestart prints has ``"schema"``: an integer bumped whenever a field
 changes meaning or disappears (adding a field does not bump it). Times are seconds as numbers

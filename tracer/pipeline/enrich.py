@@ -5,6 +5,8 @@ the kernel's events before they are ordered.
   log's OOM reports (a report is kept when it concerns the watched set).
 * `Follow`: ``--container`` targets across restarts, and a runtime's exec health checks
   (``tracer.follow.Follower``).
+* `SenderExe`: a signal's sender's executable, read from /proc when the signal is recorded
+  (its name is its own choice; its executable is not).
 * `CgroupNamer`: the kernel sends cgroup ids; each id gets one ``CgroupInfo`` (its path) and,
   for a container or a systemd unit, one ``UnitInfo``, inserted before the first event that
   mentions it, so that a reader of the trace never meets an id it cannot name.
@@ -13,12 +15,25 @@ the kernel's events before they are ordered.
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import TYPE_CHECKING
 
+import msgspec
 import psutil
 
 from tracer.errors import UsageError
-from tracer.events import CgroupMkdir, Event, Exec, Exit, Fork, KmsgOom, OomKill, cgroup_ids
+from tracer.events import (
+    SI_KERNEL,
+    CgroupMkdir,
+    Event,
+    Exec,
+    Exit,
+    Fork,
+    KmsgOom,
+    OomKill,
+    Signal,
+    cgroup_ids,
+)
 
 if TYPE_CHECKING:
     from tracer.bpf import hooks
@@ -26,7 +41,7 @@ if TYPE_CHECKING:
     from tracer.sources.cgroupfs import CgroupResolver
     from tracer.sources.samplers import SamplerSet
 
-__all__ = ["CgroupNamer", "Follow", "WatchSet"]
+__all__ = ["CgroupNamer", "Follow", "SenderExe", "WatchSet"]
 
 MAX_KNOWN_PIDS = 65536
 
@@ -132,6 +147,45 @@ class Follow:
             self.kernel.watch_cgroup(cid)
             self.watch.sample_cgroup(cid)
         return events + extra if extra else events
+
+
+class SenderExe:
+    """Fills ``Signal.sender_exe``: the sender's executable (``/proc/PID/exe``), read as the
+    signal is recorded, while the sender most likely still runs (a ``kill`` command may be gone
+    already: then it stays ""). The analysis trusts it over the sender's self-chosen name
+    (tracer/analysis/senders.py). Cached per pid for ``TTL_NS`` of stream time, so that a signal
+    storm from one sender reads it once a second, and forgotten at that pid's exec."""
+
+    TTL_NS = 1_000_000_000
+    MAX_CACHED = 4096
+
+    def __init__(self, proc_root: str = "/proc") -> None:
+        self.proc_root = proc_root
+        self._cache: dict[int, tuple[int, str]] = {}  # pid -> (read at, executable)
+
+    def _exe(self, pid: int, ts: int) -> str:
+        hit = self._cache.get(pid)
+        if hit is not None and ts - hit[0] < self.TTL_NS:
+            return hit[1]
+        try:
+            exe = os.readlink(f"{self.proc_root}/{pid}/exe")
+        except OSError:
+            exe = ""  # gone, or a kernel thread
+        if len(self._cache) >= self.MAX_CACHED:
+            self._cache.clear()
+        self._cache[pid] = (ts, exe)
+        return exe
+
+    def enrich(self, events: list[Event]) -> list[Event]:
+        for i, ev in enumerate(events):
+            if isinstance(ev, Signal):
+                if ev.si_code != SI_KERNEL and ev.sender_pid > 0 and not ev.sender_exe:
+                    exe = self._exe(ev.sender_pid, ev.ts)
+                    if exe:
+                        events[i] = msgspec.structs.replace(ev, sender_exe=exe)
+            elif isinstance(ev, Exec):
+                self._cache.pop(ev.pid, None)
+        return events
 
 
 class CgroupNamer:
