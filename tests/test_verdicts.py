@@ -109,6 +109,27 @@ def test_abort_is_the_app_itself() -> None:
         sent(1.0, 100, 100, signal.SIGABRT, comm="app", code=-6), killed(1.0, 100, signal.SIGABRT)
     )
     assert v.cause == "app_exit" and "abort" in v.summary
+    assert v.summary == "aborted itself with SIGABRT (abort(), e.g. a failed assertion)"
+
+
+def test_a_self_sent_sigkill_is_not_called_abort() -> None:
+    """Issue 22 finding 7: `sh -c 'kill -9 $$'` was "killed itself with SIGKILL (e.g.
+    abort())", but abort() raises SIGABRT."""
+    v = one(
+        sent(1.0, 100, 100, signal.SIGKILL, comm="sh", code=0), killed(1.0, 100, signal.SIGKILL)
+    )
+    assert v.cause == "app_exit" and "abort" not in v.summary + v.advice
+    assert v.summary == "killed itself with SIGKILL (it sent the signal to itself, e.g. kill -9 $$)"
+
+
+def test_an_offset_before_the_start_has_one_sign() -> None:
+    """Finding 7: negative offsets printed as "+-0.008s"."""
+    from tracer.render import Clock
+
+    clock = Clock(10_000_000_000, None)
+    assert clock.rel(9_992_000_000) == "-0.008s"
+    assert clock.rel(10_008_000_000) == "+0.008s"
+    assert clock.rel(10_000_000_000) == "+0.000s"
 
 
 # -- memory --------------------------------------------------------------------------------

@@ -44,7 +44,8 @@ class Clock:
         self.offset_ns = offset_ns
 
     def rel(self, ts: int) -> str:
-        return f"+{(ts - self.start_ns) / 1e9:.3f}s"
+        # the sign from the format: an event before the start is "-0.008s", not "+-0.008s"
+        return f"{(ts - self.start_ns) / 1e9:+.3f}s"
 
     def wall(self, ts: int) -> str:
         if self.offset_ns is None:

@@ -239,9 +239,16 @@ def self_inflicted_text(name: str, core: str, fault: bool) -> tuple[str, str]:
             f"crashed with {name}{core}",
             "the process faulted: look at its core dump or stack trace",
         )
+    if name == "SIGABRT":
+        return (
+            f"aborted itself with SIGABRT{core} (abort(), e.g. a failed assertion)",
+            "the application aborted: read its own log for the reason",
+        )
     return (
-        f"killed itself with {name}{core} (e.g. abort())",
-        "the application aborted: read its own log for the reason",
+        f"killed itself with {name}{core} (it sent the signal to itself, e.g. kill -9 $$)"
+        if name == "SIGKILL"
+        else f"killed itself with {name}{core} (it sent the signal to itself)",
+        f"the application sent itself {name}: read its own log for the reason",
     )
 
 
