@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 
 from tracer import safetext
 from tracer.analysis import gpu as gpu_rules
-from tracer.analysis.quantities import fmt_bytes
+from tracer.analysis.quantities import fmt_bytes, fmt_offset
 from tracer.analysis.verdicts import Restart, Verdict, describe_status
 from tracer.clock import wall_time
 from tracer.events import (
@@ -44,8 +44,7 @@ class Clock:
         self.offset_ns = offset_ns
 
     def rel(self, ts: int) -> str:
-        # the sign from the format: an event before the start is "-0.008s", not "+-0.008s"
-        return f"{(ts - self.start_ns) / 1e9:+.3f}s"
+        return fmt_offset((ts - self.start_ns) / 1e9)
 
     def wall(self, ts: int) -> str:
         if self.offset_ns is None:

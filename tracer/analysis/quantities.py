@@ -18,3 +18,9 @@ def fmt_duration(ns: int) -> str:
     if ns < 1_000_000:
         return f"{ns / 1e3:.0f} us"
     return f"{ns / 1e6:.0f} ms" if ns < 1_000_000_000 else f"{ns / 1e9:.1f} s"
+
+
+def fmt_offset(seconds: float) -> str:
+    """Seconds since the start of a recording, signed: "+1.250s", or "-0.008s" for an event
+    stamped before the start (a kernel log line, a sample), never "+-0.008s"."""
+    return f"{seconds:+.3f}s"

@@ -27,6 +27,7 @@ from typing import Any
 import orjson
 
 from tracer import __version__, safetext
+from tracer.analysis.quantities import fmt_offset
 from tracer.clock import wall_time
 from tracer.errors import OutputError
 from tracer.outputs.timeline import (
@@ -241,7 +242,9 @@ class _Writer:
                     "confidence": v.confidence,
                     "summary": v.summary,
                     "advice": v.advice,
-                    "evidence": [f"+{self.t.rel_s(ts):.3f}s {what}" for ts, what in v.evidence],
+                    "evidence": [
+                        f"{fmt_offset(self.t.rel_s(ts))} {what}" for ts, what in v.evidence
+                    ],
                 },
             )
 

@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tracer import __version__, safetext
-from tracer.analysis.quantities import fmt_bytes, fmt_duration
+from tracer.analysis.quantities import fmt_bytes, fmt_duration, fmt_offset
 from tracer.analysis.verdicts import Verdict
 from tracer.clock import wall_time
 from tracer.errors import OutputError, WhyrestartError
@@ -134,12 +134,12 @@ def _nan(v: float | None, div: float = 1.0) -> float:
 def _wall(t: Timeline, ts: int) -> str:
     off = t.header.clock_offset_ns
     if off is None:
-        return f"+{t.rel_s(ts):.3f}s"
+        return fmt_offset(t.rel_s(ts))
     return wall_time(ts, off).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _rel(t: Timeline, ts: int) -> str:
-    return f"+{t.rel_s(ts):.3f}s"
+    return fmt_offset(t.rel_s(ts))
 
 
 # ---------------------------------------------------------------------------------------------
