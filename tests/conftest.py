@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -74,3 +76,18 @@ def docker_engine() -> Iterator[DockerEngine]:
         yield engine
     finally:
         engine.stop()
+
+
+@pytest.fixture(scope="session")
+def production_wheel() -> Path:
+    """scripts/build's wheel (root tests only: building it compiles the BPF objects). The libbpf
+    source and build are cached in .cache/libbpf, so only the first session pays for them."""
+    if _root_reason() is not None:
+        pytest.skip(_root_reason() or "")
+    root = Path(__file__).resolve().parent.parent
+    r = subprocess.run(
+        [str(root / "scripts" / "build")], capture_output=True, text=True, timeout=1500
+    )
+    if r.returncode != 0:
+        pytest.fail(f"scripts/build failed: {r.stderr[-3000:]}")
+    return Path(r.stdout.strip().splitlines()[-1])

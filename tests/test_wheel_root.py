@@ -24,15 +24,6 @@ ROOT = Path(__file__).resolve().parent.parent
 HIDDEN = ("libbpf.so", "libelf.so")  # what the bundled libbpf must not take from the system
 
 
-@pytest.fixture(scope="module")
-def wheel() -> Path:
-    r = subprocess.run(
-        [str(ROOT / "scripts" / "build")], capture_output=True, text=True, timeout=1500
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    return Path(r.stdout.strip().splitlines()[-1])
-
-
 def _system_files(prefixes: tuple[str, ...]) -> list[str]:
     """The real files behind every ldconfig entry whose name starts with one of ``prefixes``."""
     out = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, check=True).stdout
@@ -44,7 +35,8 @@ def _system_files(prefixes: tuple[str, ...]) -> list[str]:
     return sorted(found)
 
 
-def test_wheel_carries_objects_and_libbpf_and_is_manylinux(wheel: Path) -> None:
+def test_wheel_carries_objects_and_libbpf_and_is_manylinux(production_wheel: Path) -> None:
+    wheel = production_wheel
     assert re.fullmatch(r"whyrestart-[\d.]+-py3-none-manylinux_2_\d+_x86_64\.whl", wheel.name)
     names = set(zipfile.ZipFile(wheel).namelist())
     for name in ("libbpf.so.1", "whyrestart.bpf.o", "gpu.bpf.o"):
@@ -53,13 +45,15 @@ def test_wheel_carries_objects_and_libbpf_and_is_manylinux(wheel: Path) -> None:
     assert any(re.fullmatch(r"whyrestart\.libs/libelf-[^/]+\.so[.\d]*", n) for n in names), names
 
 
-def test_doctor_from_the_wheel_with_no_system_libbpf(wheel: Path, tmp_path: Path) -> None:
+def test_doctor_from_the_wheel_with_no_system_libbpf(
+    production_wheel: Path, tmp_path: Path
+) -> None:
     hidden = _system_files(HIDDEN)
     assert any("libbpf" in f for f in hidden), "no system libbpf to hide (scripts/setup has one)"
     venv = tmp_path / "venv"
     subprocess.run(["/usr/bin/python3", "-m", "venv", str(venv)], check=True, timeout=300)
     r = subprocess.run(
-        [str(venv / "bin" / "pip"), "install", "-q", str(wheel)],
+        [str(venv / "bin" / "pip"), "install", "-q", str(production_wheel)],
         capture_output=True,
         text=True,
         timeout=900,
