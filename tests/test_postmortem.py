@@ -583,3 +583,11 @@ def test_all_names_the_containers_the_kernel_log_names() -> None:
         (2193, "podman llm", "high"),  # podman's record of the exit joins the kernel log's
         (3000, "dd (pid 3000)", "medium"),  # no runtime: the process names its own unit
     ]
+
+
+def test_a_kill_just_before_podmans_late_start_stamp_still_counts() -> None:
+    # podman stamps StartedAt after start returns: an immediate OOM kill can precede it
+    log = read_kernel_log(records(oom_records(300, 899.998, 2193)), MONO)
+    f = facts(log, info=podman_info(started_s=900.0, finished_s=900.01, restarts=0))
+    _, [v] = judged(f)
+    assert (v.pid, v.cause, v.confidence) == (2193, "cgroup_oom", "high")

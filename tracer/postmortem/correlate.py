@@ -223,36 +223,13 @@ class _Ids:
 
 
 def assemble(facts: Facts) -> Assembled:
-    target, rt = facts.target, facts.runtime
+    """The facts as one time-ordered stream for ``Analyzer.feed_all``: the cgroups, the
+    runtimes' records, the kernel log's kills and the deaths they caused, the counters."""
+    rt = facts.runtime
     ids = _Ids(facts.cgroups)
-    events: list[Event] = []
-    ooms = tuple(o for o in facts.kernel_log.ooms if target.matches(o.oom))
-    now = facts.now_ns
-
-    # the cgroups: those the kernel log names (with the limit that fired, when it printed it)
-    # and the target's own, as they are now
-    limits: dict[str, int] = {}
-    for o in ooms:
-        if o.oom.oom_memcg and o.limit_kb is not None:
-            limits[o.oom.oom_memcg] = o.limit_kb * 1024
-    paths: dict[str, int | None] = {}
-    for c in facts.cgroups:
-        paths[c.path] = c.limit_bytes
-    for o in ooms:
-        for p in (o.oom.task_memcg, o.oom.oom_memcg):
-            if p:
-                paths.setdefault(p, None)
-    first_ts = min([o.oom.ts for o in ooms] + [facts.since_ns, now])
-    for path, limit in paths.items():
-        events.append(
-            CgroupInfo(
-                ts=first_ts,
-                cgroup_id=ids(path),
-                path=path,
-                hierarchy=facts.hierarchy,
-                limit_bytes=limits.get(path, limit),
-            )
-        )
+    ooms = tuple(o for o in facts.kernel_log.ooms if facts.target.matches(o.oom))
+    first_ts = min([o.oom.ts for o in ooms] + [facts.since_ns, facts.now_ns])
+    events: list[Event] = _cgroup_events(facts, ooms, ids, first_ts)
 
     # the units the runtimes name, on the cgroups their processes were killed in, and their
     # record of the last exit with the kernel's report of that run's kill
@@ -276,7 +253,51 @@ def assemble(facts: Facts) -> Assembled:
     if unit is None and ooms and rt is None and facts.target.kind != "all":
         unit = unit_of_cgroup(ooms[-1].oom.task_memcg or ooms[-1].oom.oom_memcg)
 
-    # every OOM report naming the target: the kernel's word, and the death it caused
+    events += _kill_events(facts, ooms, ids, matched)
+    events += _counter_events(facts, ooms, ids)
+    events.extend(facts.history)
+    events.sort(key=lambda e: e.ts)
+    return Assembled(
+        events=events,
+        ooms=ooms,
+        runtime_exit=rexit,
+        runtime_exit_ns=finished,
+        unit=unit,
+    )
+
+
+def _cgroup_events(
+    facts: Facts, ooms: Sequence[LoggedOom], ids: _Ids, first_ts: int
+) -> list[Event]:
+    """The cgroups: those the kernel log names (with the limit that fired, when it printed
+    it) and the target's own and their ancestors, as they are now."""
+    limits: dict[str, int] = {}
+    for o in ooms:
+        if o.oom.oom_memcg and o.limit_kb is not None:
+            limits[o.oom.oom_memcg] = o.limit_kb * 1024
+    paths: dict[str, int | None] = {c.path: c.limit_bytes for c in facts.cgroups}
+    for o in ooms:
+        for p in (o.oom.task_memcg, o.oom.oom_memcg):
+            if p:
+                paths.setdefault(p, None)
+    return [
+        CgroupInfo(
+            ts=first_ts,
+            cgroup_id=ids(path),
+            path=path,
+            hierarchy=facts.hierarchy,
+            limit_bytes=limits.get(path, limit),
+        )
+        for path, limit in paths.items()
+    ]
+
+
+def _kill_events(
+    facts: Facts, ooms: Sequence[LoggedOom], ids: _Ids, matched: set[int]
+) -> list[Event]:
+    """Every OOM report naming the target: the kernel's word, its reading of the limiting
+    cgroup, and the death it caused (unless a runtime's record of the exit stands for it)."""
+    events: list[Event] = []
     for o in ooms:
         k = o.oom
         cg = ids(k.task_memcg or k.oom_memcg) if (k.task_memcg or k.oom_memcg) else 0
@@ -315,17 +336,23 @@ def assemble(facts: Facts) -> Assembled:
                 rung="kmsg",
             )
         )
+    return events
 
-    # cumulative oom_kill counters of the cgroups that exist now: each counts the kills since
-    # its creation, so it vouches for the newest logged kills in it, as many as it counts
+
+def _counter_events(facts: Facts, ooms: Sequence[LoggedOom], ids: _Ids) -> list[Event]:
+    """Cumulative oom_kill counters of the cgroups that exist now: each counts the kills since
+    its creation, so it vouches for the newest logged kills in it, as many as it counts."""
+    rt, now = facts.runtime, facts.now_ns
+    events: list[Event] = []
     for c in facts.cgroups:
         count = c.events.get("oom_kill")
         if not c.exists or count is None:
             continue
+        below = c.path.rstrip("/") + "/"
         inside = sorted(
             o.oom.ts
             for o in ooms
-            if o.oom.task_memcg == c.path or o.oom.task_memcg.startswith(c.path.rstrip("/") + "/")
+            if o.oom.task_memcg == c.path or o.oom.task_memcg.startswith(below)
         )
         if count == 0:
             since = (inside[-1] + 1) if inside else now
@@ -341,16 +368,7 @@ def assemble(facts: Facts) -> Assembled:
                 ts=min(since, now), cgroup_id=ids(c.path), path=c.path, count=count, read_ns=now
             )
         )
-
-    events.extend(facts.history)
-    events.sort(key=lambda e: e.ts)
-    return Assembled(
-        events=events,
-        ooms=ooms,
-        runtime_exit=rexit,
-        runtime_exit_ns=finished,
-        unit=unit,
-    )
+    return events
 
 
 def _runtime_events(
@@ -405,6 +423,10 @@ def _runtime_events(
     if info.exit_pid:
         run = [o for o in run if o.oom.victim_pid == info.exit_pid]
     matched = run[-1] if run else None
+    if matched is not None and started is not None:
+        # (the process was running when it was killed: podman's StartedAt can come after an
+        # immediate OOM kill, and the rules take no evidence from before a process's start)
+        started = min(started, matched.oom.ts)
     pid = info.exit_pid or (matched.oom.victim_pid if matched else 0)
     cg = ids(matched.oom.task_memcg) if matched and matched.oom.task_memcg else unit_cgroup
     rexit = RuntimeExit(
