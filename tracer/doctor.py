@@ -82,22 +82,22 @@ def run_checks() -> tuple[list[Check], dict[str, Any]]:
         )
     )
     tracefs = system.ensure_tracefs() if root else system.tracefs_events_dir()
-    checks.append(
-        Check(
-            "tracefs",
-            tracefs is not None,
-            f"tracepoints under {tracefs}" if tracefs else "tracefs not mounted",
-            "" if tracefs else "mount -t tracefs tracefs /sys/kernel/tracing",
-            required=False,
-        )
-    )
-    kmsg_ok = os.access("/dev/kmsg", os.R_OK)
+    mounted = system.tracefs_mounts()
+    if tracefs:
+        detail, fix = f"tracepoints under {tracefs}", ""
+    elif mounted:  # e.g. mode 0700 and not root: it is there, this user cannot read it
+        detail = f"tracefs is mounted at {mounted[0]} but this user cannot read it"
+        fix = "run as root"
+    else:
+        detail, fix = "tracefs not mounted", "mount -t tracefs tracefs /sys/kernel/tracing"
+    checks.append(Check("tracefs", tracefs is not None, detail, fix, required=False))
+    kmsg_ok, why = system.kmsg_readable()
     checks.append(
         Check(
             "kmsg",
             kmsg_ok,
-            "/dev/kmsg readable" if kmsg_ok else "/dev/kmsg not readable",
-            "" if kmsg_ok else "run as root",
+            "/dev/kmsg readable" if kmsg_ok else f"/dev/kmsg not readable ({why})",
+            "" if kmsg_ok else "run as root (reading the kernel log needs CAP_SYSLOG)",
             required=False,
         )
     )

@@ -22,6 +22,28 @@ def tracefs_events_dir() -> str | None:
     return None
 
 
+def tracefs_mounts(mounts: str = "/proc/self/mounts") -> list[str]:
+    """Where tracefs is mounted, readable or not (from the mount table, which anyone can
+    read: tracefs itself is mode 0700, so an unprivileged user cannot tell by looking)."""
+    try:
+        with open(mounts, encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    return [p[1] for p in (line.split() for line in lines) if len(p) > 2 and p[2] == "tracefs"]
+
+
+def kmsg_readable(path: str = "/dev/kmsg") -> tuple[bool, str]:
+    """(readable, why not): by opening it, as the recorder will. The mode bits say nothing
+    here: reading the kernel log needs CAP_SYSLOG when kernel.dmesg_restrict is 1."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        return False, exc.strerror or str(exc)
+    os.close(fd)
+    return True, ""
+
+
 def ensure_tracefs() -> str | None:
     """Mount tracefs if it is not mounted (classic tracepoint rungs need it); None if it can't
     be mounted. tp_btf and raw_tp rungs work without it."""
