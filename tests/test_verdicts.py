@@ -657,3 +657,21 @@ def test_supervisord_programs_are_units_and_their_restarts_link() -> None:
     assert [(r.unit, r.old_pid, r.new_pid) for r in a.restarts] == [
         ("worker under supervisord", 11, 12)
     ]
+
+
+def test_the_kernel_logs_rss_is_not_called_the_cgroups_memory() -> None:
+    """Issue 22 finding 5: "memory at the kill: anon 63.6 MiB, file 5.1 MiB" exceeded the
+    64 MiB limit: the kernel log's anon-rss/file-rss are the victim's RSS (file-rss counts
+    mapped files charged elsewhere), not the cgroup's page cache."""
+    from tracer.analysis.quantities import fmt_bytes
+    from tracer.analysis.wording import memory_at_kill
+
+    rss = (("anon_rss", 65280 * 1024), ("file_rss", 6656 * 1024), ("shmem_rss", 0))
+    assert memory_at_kill(rss, fmt_bytes) == (
+        "the victim's RSS at the kill (kernel log): anon-rss 63.8 MiB, file-rss 6.5 MiB, "
+        "shmem-rss 0 B (file-rss is mapped files, which may be charged to other cgroups)"
+    )
+    stat = (("anon", 6 * GiB), ("file", GiB))
+    assert memory_at_kill(stat, fmt_bytes) == (
+        "the cgroup's memory at the kill (memory.stat): anon 6.0 GiB, file 1.0 GiB"
+    )

@@ -13,6 +13,7 @@ from tracer import safetext
 from tracer.analysis import gpu as gpu_rules
 from tracer.analysis.quantities import fmt_bytes, fmt_offset
 from tracer.analysis.verdicts import Restart, Verdict, describe_status
+from tracer.analysis.wording import memory_at_kill
 from tracer.clock import wall_time
 from tracer.events import (
     SI_KERNEL,
@@ -202,8 +203,7 @@ def verdict_table(
             out += f"\npid {v.pid} ({esc(v.comm)}): {v.cause}, {v.confidence} confidence\n"
             out += f"  {esc(v.summary)}\n"
             if v.breakdown:
-                parts = ", ".join(f"{k} {fmt_bytes(b)}" for k, b in v.breakdown)
-                out += f"  memory at the kill: {parts}\n"
+                out += f"  {memory_at_kill(v.breakdown, fmt_bytes)}\n"
             if v.peak_ts is not None and v.peak_bytes is not None:
                 out += f"  peak usage {fmt_bytes(v.peak_bytes)} at {clock.rel(v.peak_ts)}\n"
             for ts, what in v.evidence:

@@ -494,7 +494,14 @@ def breakdown(
         keys = ("anon", "file", "shmem", "file_mapped")
         return tuple((k, last.stat[k]) for k in keys if k in last.stat)
     if km is not None:
-        pairs = (("anon", km.anon_rss_kb), ("file", km.file_rss_kb), ("shmem", km.shmem_rss_kb))
+        # The kernel log's numbers are the victim process's RSS, not its cgroup's charge:
+        # file-rss counts mapped files (libraries) that may be charged to other cgroups, so
+        # anon + file can exceed the limit. Named as what they are (wording.memory_at_kill).
+        pairs = (
+            ("anon_rss", km.anon_rss_kb),
+            ("file_rss", km.file_rss_kb),
+            ("shmem_rss", km.shmem_rss_kb),
+        )
         return tuple((k, val * 1024) for k, val in pairs if val is not None)
     return ()
 

@@ -7,6 +7,7 @@ tracer/analysis/gpu.py, beside the one rule family that uses them.)
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 from tracer.analysis.quantities import fmt_bytes, fmt_duration
 from tracer.analysis.senders import ROLE_KUBELET, ROLE_OOM_DAEMON, ROLE_SUPERVISOR, Sender
@@ -406,3 +407,19 @@ def probe_kill_text(
             "loosening the probe"
         )
     return summary, advice
+
+
+RSS_KEYS = {"anon_rss": "anon-rss", "file_rss": "file-rss", "shmem_rss": "shmem-rss"}
+
+
+def memory_at_kill(breakdown: tuple[tuple[str, int], ...], fmt: Callable[[int], str]) -> str:
+    """A verdict's breakdown, named for what it measured: the cgroup's charge (memory.stat), or
+    the victim's RSS from the kernel log (which is not the cgroup's page cache)."""
+    if breakdown and all(k in RSS_KEYS for k, _ in breakdown):
+        parts = ", ".join(f"{RSS_KEYS[k]} {fmt(b)}" for k, b in breakdown)
+        return (
+            f"the victim's RSS at the kill (kernel log): {parts} (file-rss is mapped files, "
+            "which may be charged to other cgroups)"
+        )
+    parts = ", ".join(f"{k} {fmt(b)}" for k, b in breakdown)
+    return f"the cgroup's memory at the kill (memory.stat): {parts}"

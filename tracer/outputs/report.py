@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from tracer import __version__, safetext
 from tracer.analysis.quantities import fmt_bytes, fmt_duration, fmt_offset
 from tracer.analysis.verdicts import Verdict
+from tracer.analysis.wording import memory_at_kill
 from tracer.clock import wall_time
 from tracer.errors import OutputError, WhyrestartError
 from tracer.outputs.timeline import (
@@ -810,9 +811,7 @@ def _verdict_detail(t: Timeline, v: Verdict) -> str:
         when = f" at {_rel(t, v.peak_ts)}" if v.peak_ts is not None else ""
         facts.append(f"peak usage {fmt_bytes(v.peak_bytes)}{when}")
     if v.breakdown:
-        facts.append(
-            "memory at the kill: " + ", ".join(f"{_e(k)} {fmt_bytes(b)}" for k, b in v.breakdown)
-        )
+        facts.append(_e(memory_at_kill(v.breakdown, fmt_bytes)))
     if v.stall_ns:
         facts.append(f"{fmt_duration(v.stall_ns)} of reclaim stalls in the minute before")
     if v.host_available is not None:
