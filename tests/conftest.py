@@ -91,3 +91,18 @@ def production_wheel() -> Path:
     if r.returncode != 0:
         pytest.fail(f"scripts/build failed: {r.stderr[-3000:]}")
     return Path(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="session")
+def bare_target() -> Path:
+    """A Debian 12 root with python3, venv and pip and nothing of a checkout's
+    (scripts/bare-target: debootstrap once, cached in .cache/bare). Root tests only."""
+    if _root_reason() is not None:
+        pytest.skip(_root_reason() or "")
+    root = Path(__file__).resolve().parent.parent
+    r = subprocess.run(
+        [str(root / "scripts" / "bare-target")], capture_output=True, text=True, timeout=1800
+    )
+    if r.returncode != 0:
+        pytest.fail(f"scripts/bare-target failed: {r.stderr[-3000:]}")
+    return Path(r.stdout.strip().splitlines()[-1])

@@ -22,25 +22,15 @@ from tracer.sources.cgroupfs import CgroupLayout, ChildCgroup, own_memory_cgroup
 
 pytestmark = pytest.mark.root
 
-ROOT = Path(__file__).resolve().parent.parent
 MiB = 1 << 20
 # Touches every page it takes (bytes filled with "x"), so the charge reaches the limit.
 HOG = "b = []\nwhile True:\n    b.append(b'x' * (1 << 20))\n"
 
 
-@pytest.fixture(scope="module")
-def target() -> Path:
-    r = subprocess.run(
-        [str(ROOT / "scripts" / "bare-target")], capture_output=True, text=True, timeout=1800
-    )
-    if r.returncode != 0:
-        pytest.fail(f"scripts/bare-target failed: {r.stderr[-3000:]}")
-    return Path(r.stdout.strip().splitlines()[-1])
-
-
 def test_wheel_on_a_bare_target_doctor_and_a_cgroup_oom(
-    target: Path, production_wheel: Path, tmp_path: Path
+    bare_target: Path, production_wheel: Path, tmp_path: Path
 ) -> None:
+    target = bare_target
     layout = CgroupLayout.from_system()
     assert layout.memory_root is not None
     run = f"wr-bare-{os.getpid()}-{tmp_path.name}"

@@ -51,7 +51,9 @@ def ensure_tracefs() -> str | None:
     if found or os.geteuid() != 0 or not os.path.isdir(TRACEFS):
         return found
     libc = ctypes.CDLL(None, use_errno=True)
-    libc.mount.argtypes = [ctypes.c_char_p] * 4 + [ctypes.c_void_p]
+    # mount(2): source, target, fstype, unsigned long flags, data (flags is no string: the
+    # container image test found the old declaration refusing 0, as a host has tracefs mounted)
+    libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_void_p]
     libc.mount(b"tracefs", TRACEFS.encode(), b"tracefs", 0, None)
     return tracefs_events_dir()
 
