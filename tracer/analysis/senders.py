@@ -11,6 +11,7 @@ supervisor, whatever it is called). A name that the executable contradicts is no
 
 from __future__ import annotations
 
+import functools
 import posixpath
 from dataclasses import dataclass
 
@@ -68,7 +69,12 @@ class Sender:
 def _matches(comm: str, names: tuple[str, ...]) -> bool:
     # comm is truncated to 15 characters by the kernel: compare on that length, whole names
     # only (a prefix would make initdb an init, runcached a runc, dockerize a docker)
-    return any(comm == n[:15] for n in names)
+    return comm in _truncated(names)
+
+
+@functools.lru_cache(maxsize=16)
+def _truncated(names: tuple[str, ...]) -> frozenset[str]:
+    return frozenset(n[:15] for n in names)
 
 
 # An interpreter's executable says nothing about the script it runs (nohang is Python, so its
