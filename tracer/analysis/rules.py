@@ -551,7 +551,7 @@ def gpu_exit(v: ExitView) -> Finding | None:
 def _with(f: Finding, **changes: object) -> Finding:
     # f was made a moment ago by a rule and is not shared yet: set its fields in place
     for name, value in changes.items():
-        object.__setattr__(f, name, value)
+        setattr(f, name, value)
     return f
 
 
