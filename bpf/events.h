@@ -217,6 +217,14 @@ struct wr_gpu_file {
 	__u64 ino;
 };
 
+/* One recorder's hold of one process, in the map every recorder shares (wr_gpu_peers, pinned
+ * in bpffs by name): two recorders that watch the same process both hold it, and it is resumed
+ * only when neither needs it held any more (tracer/gpu/side.py). */
+struct wr_gpu_peer_key {
+	__u32 tgid;       /* the held process */
+	__u32 holder;     /* the recorder's id (wr_gpu_config.holder) */
+};
+
 /* A watched process stopped (SIGSTOP from BPF) right after it opened a libcuda file whose
  * uprobes were not attached yet (map gpu_held, keyed by tgid). User space attaches, then
  * resumes it with SIGCONT and deletes the entry; tracer/gpu/holdguard.py resumes whatever is
@@ -241,6 +249,8 @@ struct wr_gpu_config {
 	__u32 memcg_v1;   /* as wr_config.memcg_v1: which hierarchy hdr.cgroup_id comes from */
 	__u32 self_tgid;  /* the tracer itself: never reported */
 	__u32 watch_cgroups; /* as wr_config.watch_cgroups (the maps are the main object's) */
+	__u32 holder;     /* this recorder's id in wr_gpu_peers (random: unique per object) */
+	__u32 _pad;
 };
 
 #endif /* WHYRESTART_EVENTS_H */

@@ -51,6 +51,7 @@ struct wr_gpu_btf_anchor {
 	struct wr_gpu_live_key live_key;
 	struct wr_gpu_file file;
 	struct wr_gpu_hold hold;
+	struct wr_gpu_peer_key peer_key;
 	enum wr_gpu_event_type type; /* the enums too: the test checks the Python numbers */
 	enum wr_gpu_func func;
 };
@@ -100,6 +101,18 @@ struct {
 	__type(key, __u32);
 	__type(value, struct wr_gpu_hold);
 } gpu_held SEC(".maps");
+
+/* Every recorder's holds, shared (pinned in bpffs under this name; a private map where bpffs is
+ * not mounted): key (held tgid, holder), value when it was taken. A recorder resumes a process
+ * only when no other recorder's fresh hold of it remains. */
+struct {
+	/* LRU: the entries of a recorder killed with its guard age out instead of filling it */
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct wr_gpu_peer_key);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} wr_gpu_peers SEC(".maps");
 
 /* [0] = 1 while user space resumes held processes (set once its guard runs, cleared before it
  * closes): no hold without somebody to end it. */
@@ -555,6 +568,7 @@ static __always_inline int hold_if_unprobed(long ret)
 	struct fdtable *fdt;
 	struct file **fds, *f = NULL;
 	struct wr_gpu_hold h = {};
+	struct wr_gpu_peer_key peer = {};
 	__u32 zero = 0, tgid, *on;
 
 	if (ret < 0)
@@ -586,11 +600,15 @@ static __always_inline int hold_if_unprobed(long ret)
 			count(&gpu_hold_counts, 1);
 		return 0;
 	}
+	peer.tgid = tgid;
+	peer.holder = gcfg.holder;
 	if (bpf_send_signal(SIGSTOP) != 0) {
 		bpf_map_delete_elem(&gpu_held, &tgid);
 		count(&gpu_hold_counts, 1);
 		return 0;
 	}
+	/* a full shared map only costs the coordination with other recorders, not the hold */
+	bpf_map_update_elem(&wr_gpu_peers, &peer, &h.ts_ns, BPF_ANY);
 	count(&gpu_hold_counts, 0);
 	return 0;
 }

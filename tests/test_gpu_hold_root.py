@@ -28,6 +28,7 @@ from tracer.bpf.gpuhooks import GpuHooks
 from tracer.clock import boottime_ns
 from tracer.events import Event, Exit, GpuAllocFailure, GpuCallFailure, GpuLibrary, GpuOomRecovered
 from tracer.gpu import holdguard
+from tracer.gpu.side import GpuSide
 from tracer.record import Recorder, RecordResult, Targets
 from tracer.trace.reader import read_trace
 
@@ -97,6 +98,7 @@ def test_a_program_that_fails_at_once_and_exits_2_is_gpu_oom(
     assert (holds["taken"], holds["not_taken"], holds["resumed_by_recorder"]) == (1, 0, 1)
     assert res.header.extra["gpu"]["hold"] == "ready"
     assert res.header.extra["gpu"]["pid_filter"] == "shared"
+    assert res.header.extra["gpu"]["hold_peers"] == "shared"
 
 
 def test_the_same_failure_recovered_and_exit_0_is_not_gpu_oom(
@@ -170,13 +172,13 @@ def _wait_for(pred: object, timeout: float = 30.0) -> None:
         time.sleep(0.01)
 
 
-def _guard(probe: GpuHooks, max_hold_ns: int) -> tuple[subprocess.Popen[bytes], int]:
-    fd = probe.held_map.fd
+def _guard(hooks: GpuHooks, max_hold_ns: int) -> tuple[subprocess.Popen[bytes], int]:
+    fd, peers = hooks.held_map.fd, hooks.peers.fd
     r, w = os.pipe()
+    args = [str(fd), str(r), str(peers), str(hooks.config.holder), str(max_hold_ns)]
     try:
         guard = subprocess.Popen(
-            [sys.executable, "-I", "-S", holdguard.__file__, str(fd), str(r), str(max_hold_ns)],
-            pass_fds=(fd, r),
+            [sys.executable, "-I", "-S", holdguard.__file__, *args], pass_fds=(fd, r, peers)
         )
     finally:
         os.close(r)
@@ -262,3 +264,45 @@ def test_a_recorder_killed_while_a_process_is_held_leaves_it_running(
             if p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+def test_two_recorders_holding_one_process_both_catch_its_first_call(
+    tmp_path: Path, fast: Fast
+) -> None:
+    """Each recorder holds the process; the first to have probed the file does not resume it
+    while the other still holds it (the holds map both share in bpffs): both catch the call."""
+    go = tmp_path / "go"
+    env = {
+        **os.environ,
+        "LD_LIBRARY_PATH": str(fast.libdir),
+        "FAKE_CUDA_BUDGET_BYTES": str(MiB),
+    }
+    script = f"while [ ! -e {go} ]; do sleep 0.01; done; exec {fast.program} fail"
+    sides = [GpuSide(filter_all=False, memcg_v1=True, attach_host=False) for _ in range(2)]
+    proc: subprocess.Popen[bytes] | None = None
+    try:
+        for side in sides:
+            assert side.describe()["hold"] == "ready", side.warnings
+        proc = subprocess.Popen(["sh", "-c", script], env=env)
+        for side in sides:
+            side.watch([proc.pid])
+        go.touch()
+        _wait_for(lambda: _state(proc.pid) == "T")
+        now = boottime_ns()
+        first = sides[0].poll(now)
+        # probed and done with it, but the other recorder still holds it: still stopped
+        assert [e.pid for e in first if isinstance(e, GpuLibrary)] == [proc.pid]
+        assert _state(proc.pid) == "T"
+        sides[1].poll(now)
+        assert proc.wait(timeout=30) == 2
+        for side in sides:
+            events = side.poll(boottime_ns(), final=True)
+            assert [(e.pid, e.result) for e in events if isinstance(e, GpuAllocFailure)] == [
+                (proc.pid, 2)
+            ]
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for side in sides:
+            side.close()

@@ -19,6 +19,7 @@ import contextlib
 import ctypes
 import mmap
 import os
+import signal
 import threading
 from dataclasses import dataclass, field
 
@@ -57,6 +58,11 @@ PROGRAMS: dict[str, tuple[str | None, str | None]] = {
 HOLD_PROGRAMS = ("hold_openat", "hold_open", "hold_openat2")
 # The main object's maps this one shares (same definitions in both objects).
 SHARED_MAPS = ("watched_pids", "watched_cgroups")
+# Every recorder's holds (gpu.bpf.c), pinned in bpffs by this name so that recorders share it.
+PEERS_MAP = "wr_gpu_peers"
+# Another recorder's hold older than this is ignored (that recorder is stuck or gone, and its
+# guard ends holds at this age anyway: tracer/gpu/holdguard.py MAX_HOLD_NS).
+PEER_STALE_NS = 2_000_000_000
 
 
 class _U32Key(ctypes.Structure):
@@ -91,8 +97,12 @@ class GpuHooks:
         config: layout.WrGpuConfig,
         path: str | None = None,
         shared: dict[str, int] | None = None,
+        pin_dir: str | None = None,
     ) -> None:
-        """``shared``: map name (one of SHARED_MAPS) -> the main object's descriptor of it."""
+        """``shared``: map name (one of SHARED_MAPS) -> the main object's descriptor of it.
+        ``pin_dir``: the bpffs directory where PEERS_MAP is shared with other recorders (None:
+        a map of its own; two recorders holding one process then do not wait for each
+        other)."""
         self.path = path or object_path()
         self.config = config
         self.shared = dict(shared or {})
@@ -102,6 +112,7 @@ class GpuHooks:
         try:
             for name, fd in self.shared.items():
                 self.obj.map(name).reuse_fd(fd)
+            self.obj.map(PEERS_MAP).set_pin_path(f"{pin_dir}/{PEERS_MAP}" if pin_dir else None)
             rodata = self.obj.map(".rodata").initial_value()
             want = ctypes.sizeof(config)
             if len(rodata) < want:
@@ -118,6 +129,8 @@ class GpuHooks:
         self.probed_files: Map = self.obj.map("gpu_probed_files")
         self.hold_on: Map = self.obj.map("gpu_hold_on")
         self.hold_counts: Map = self.obj.map("gpu_hold_counts")
+        self.peers: Map = self.obj.map(PEERS_MAP)
+        self.peers_shared = pin_dir is not None
         self.stats_map: Map = self.obj.map("gpu_stats")
         self.live: Map = self.obj.map("gpu_live")
 
@@ -186,10 +199,37 @@ class GpuHooks:
                 out.append((key.v, hold))
         return out
 
-    def release(self, pid: int) -> None:
-        """Forget a hold (after the process was resumed)."""
+    def resume(self, pid: int, now_ns: int) -> bool:
+        """End this recorder's hold of ``pid``: forget its share of it, resume it (SIGCONT)
+        unless another recorder still holds it fresh (that one resumes it), then forget the
+        hold. True when it was resumed here. In that order, a death half-way leaves an entry
+        the guard resumes from, never a process nobody will resume."""
+        me = layout.WrGpuPeerKey(tgid=pid, holder=self.config.holder)
+        with contextlib.suppress(BpfError):
+            self.peers.delete(me)
+        if not self.held_by_others(pid, now_ns):
+            with contextlib.suppress(OSError):  # gone already
+                os.kill(pid, signal.SIGCONT)
+            resumed = True
+        else:
+            resumed = False
         with contextlib.suppress(BpfError):
             self.held_map.delete(ctypes.c_uint32(pid))
+        return resumed
+
+    def held_by_others(self, pid: int, now_ns: int) -> bool:
+        try:
+            keys = self.peers.keys(layout.WrGpuPeerKey)
+        except BpfError:
+            return False
+        for key in keys:
+            assert isinstance(key, layout.WrGpuPeerKey)
+            if key.tgid != pid or key.holder == self.config.holder:
+                continue
+            since = ctypes.c_uint64()
+            if self.peers.lookup(key, since) and now_ns - since.value < PEER_STALE_NS:
+                return True
+        return False
 
     def mark_probed(self, dev: int, ino: int) -> None:
         """No more holds for this file (as the kernel names it: a hold's ``file``)."""

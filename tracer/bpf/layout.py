@@ -182,12 +182,18 @@ class WrGpuHold(ctypes.Structure):
     _fields_ = [("file", WrGpuFile), ("ts_ns", u64), ("fd", s32), ("_pad", u32)]
 
 
+class WrGpuPeerKey(ctypes.Structure):
+    _fields_ = [("tgid", u32), ("holder", u32)]
+
+
 class WrGpuConfig(ctypes.Structure):
     _fields_ = [
         ("filter_all", u32),
         ("memcg_v1", u32),
         ("self_tgid", u32),
         ("watch_cgroups", u32),
+        ("holder", u32),
+        ("_pad", u32),
     ]
 
 
@@ -214,6 +220,7 @@ GPU_STRUCTS: dict[str, type[ctypes.Structure]] = {
     "wr_gpu_live_key": WrGpuLiveKey,
     "wr_gpu_file": WrGpuFile,
     "wr_gpu_hold": WrGpuHold,
+    "wr_gpu_peer_key": WrGpuPeerKey,
     "wr_gpu_config": WrGpuConfig,
 }
 STRUCTS.update(GPU_STRUCTS)

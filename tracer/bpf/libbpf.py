@@ -106,6 +106,7 @@ class _Lib:
             "bpf_link__destroy": (c_int, [c_void_p]),
             "bpf_map__fd": (c_int, [c_void_p]),
             "bpf_map__reuse_fd": (c_int, [c_void_p, c_int]),
+            "bpf_map__set_pin_path": (c_int, [c_void_p, c_char_p]),
             "bpf_map__initial_value": (c_void_p, [c_void_p, ctypes.POINTER(c_size_t)]),
             "bpf_map__update_elem": (
                 c_int,
@@ -275,6 +276,12 @@ class Map:
         rc = lib().dll.bpf_map__reuse_fd(self.ptr, fd)
         if rc < 0:
             raise BpfError(f"sharing map {self.name}", -rc)
+
+    def set_pin_path(self, path: str | None) -> None:
+        """Before load: pin the map at ``path`` (reusing one pinned there), or not at all."""
+        rc = lib().dll.bpf_map__set_pin_path(self.ptr, path.encode() if path else None)
+        if rc < 0:
+            raise BpfError(f"setting the pin path of map {self.name}", -rc)
 
     def initial_value(self) -> ctypes.Array[ctypes.c_char]:
         """The writable, pre-load contents of a global-data map (.rodata, .bss, .data)."""

@@ -10,13 +10,15 @@ the recorder holds. Nothing else of the recorder's: the probes detach when the r
 so no new hold can start.
 
 * The pipe reads end of file (the recorder is gone, however it ended): every process still in
-  the map is resumed (SIGCONT) and removed, a few times over a second (a program that was
-  running when the recorder died may still add one), then the guard exits.
+  the map is resumed (SIGCONT; unless another recorder still holds it, which then resumes it)
+  and removed, a few times over a second (a program that was running when the recorder died
+  may still add one), then the guard exits.
 * Every ``CHECK_S`` it resumes the holds older than ``MAX_HOLD_NS`` (a recorder that is alive
   but stuck): a hold is bounded whatever happens to the recorder.
 
-Run as ``python -I -S holdguard.py MAP_FD PIPE_FD [MAX_HOLD_NS]``: standard library only, and
-no import of the package, so that it starts in milliseconds. The raw bpf(2) calls below are the
+Run as ``python -I -S holdguard.py MAP_FD PIPE_FD PEERS_FD HOLDER [MAX_HOLD_NS]`` (PEERS_FD: the
+map of every recorder's holds, HOLDER: the recorder's pid): standard library only, and no import
+of the package, so that it starts in milliseconds. The raw bpf(2) calls below are the
 three map commands it needs; linking libbpf for them would cost more than they do.
 """
 
@@ -88,15 +90,57 @@ def held(map_fd: int) -> dict[int, int]:
     return out
 
 
-def resume(map_fd: int, pid: int) -> None:
-    """SIGCONT, then forget: dying between the two leaves an entry, never a stopped process."""
-    with contextlib.suppress(OSError):  # gone already
-        os.kill(pid, signal.SIGCONT)
-    key = ctypes.c_uint32(pid)
-    _bpf(_BPF_MAP_DELETE_ELEM, map_fd, ctypes.addressof(key), 0)
+class _PeerKey(ctypes.Structure):
+    """struct wr_gpu_peer_key (bpf/events.h)."""
+
+    _fields_ = [("tgid", ctypes.c_uint32), ("holder", ctypes.c_uint32)]
 
 
-def run(map_fd: int, pipe_fd: int, max_hold_ns: int = MAX_HOLD_NS) -> None:
+def held_by_others(peers_fd: int, pid: int, holder: int, now: int) -> bool:
+    """Another recorder's fresh hold of ``pid`` is in the shared map (that one resumes it)."""
+    prev, nxt = _PeerKey(), _PeerKey()
+    first = True
+    for _ in range(1 << 16):
+        key = 0 if first else ctypes.addressof(prev)
+        if not _bpf(_BPF_MAP_GET_NEXT_KEY, peers_fd, key, ctypes.addressof(nxt)):
+            return False
+        first = False
+        since = ctypes.c_uint64()
+        if (
+            nxt.tgid == pid
+            and nxt.holder != holder
+            and _bpf(_BPF_MAP_LOOKUP_ELEM, peers_fd, ctypes.addressof(nxt), ctypes.addressof(since))
+            and now - since.value < MAX_HOLD_NS
+        ):
+            return True
+        ctypes.memmove(ctypes.addressof(prev), ctypes.addressof(nxt), ctypes.sizeof(nxt))
+    return False
+
+
+class Guard:
+    """The recorder's holds (its private map), its share of the shared one, and who it is."""
+
+    def __init__(self, map_fd: int, peers_fd: int, holder: int) -> None:
+        self.map_fd, self.peers_fd, self.holder = map_fd, peers_fd, holder
+
+    def resume(self, pid: int, now: int, force: bool) -> None:
+        """The recorder's order (tracer.bpf.gpuhooks.GpuHooks.resume): forget its share, resume
+        unless another recorder still holds it (``force``: past the bound, resume anyway),
+        then forget the hold."""
+        me = _PeerKey(tgid=pid, holder=self.holder)
+        _bpf(_BPF_MAP_DELETE_ELEM, self.peers_fd, ctypes.addressof(me), 0)
+        if force or not held_by_others(self.peers_fd, pid, self.holder, now):
+            with contextlib.suppress(OSError):  # gone already
+                os.kill(pid, signal.SIGCONT)
+        key = ctypes.c_uint32(pid)
+        _bpf(_BPF_MAP_DELETE_ELEM, self.map_fd, ctypes.addressof(key), 0)
+
+
+def _now() -> int:
+    return time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+
+
+def run(guard: Guard, pipe_fd: int, max_hold_ns: int = MAX_HOLD_NS) -> None:
     for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGPIPE):
         signal.signal(sig, signal.SIG_IGN)
     while True:
@@ -105,14 +149,14 @@ def run(map_fd: int, pipe_fd: int, max_hold_ns: int = MAX_HOLD_NS) -> None:
             if not os.read(pipe_fd, 64):
                 break
             continue
-        now = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
-        for pid, since in held(map_fd).items():
+        now = _now()
+        for pid, since in held(guard.map_fd).items():
             if now - since >= max_hold_ns:
-                resume(map_fd, pid)
+                guard.resume(pid, now, force=True)
     for delay in AFTER_EOF_S:
         time.sleep(delay)
-        for pid in held(map_fd):
-            resume(map_fd, pid)
+        for pid in held(guard.map_fd):
+            guard.resume(pid, _now(), force=False)
 
 
 if __name__ == "__main__":
@@ -120,4 +164,5 @@ if __name__ == "__main__":
     # recorder's children, and a zombie the recorder must reap. The parent exits at once.
     if os.fork() != 0:
         os._exit(0)
-    run(int(sys.argv[1]), int(sys.argv[2]), *(int(a) for a in sys.argv[3:4]))
+    map_fd, pipe_fd, peers_fd, holder = (int(a) for a in sys.argv[1:5])
+    run(Guard(map_fd, peers_fd, holder), pipe_fd, *(int(a) for a in sys.argv[5:6]))

@@ -28,7 +28,6 @@ from __future__ import annotations
 import bisect
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 from collections import deque
@@ -54,6 +53,7 @@ from tracer.events import (
 )
 from tracer.gpu import holdguard, libcuda
 from tracer.gpu.nvml import DEFAULT_INTERVAL_S, Clock, GpuSampler, open_nvml
+from tracer.sources import system
 
 __all__ = ["GpuSide"]
 
@@ -102,21 +102,11 @@ class GpuSide:
             memcg_v1=int(memcg_v1),
             self_tgid=os.getpid(),
             watch_cgroups=int(watch_cgroups),
+            # this recorder among those sharing the holds map (two in one process are two)
+            holder=int.from_bytes(os.urandom(4), "little") | 1,
         )
         try:
-            try:
-                self.hooks = GpuHooks(config, object_path, self.shared)
-            except WhyrestartError as exc:
-                if not self.shared:
-                    raise
-                # the two objects' map definitions drifted apart: watch with our own filter
-                self.warnings.append(
-                    f"the GPU probes cannot share the main object's watched set ({exc.message}): "
-                    "a new process is watched by them only once its fork is decoded (~10 ms)"
-                )
-                self.shared = {}
-                config.watch_cgroups = 0
-                self.hooks = GpuHooks(config, object_path)
+            self.hooks = self._load(config, object_path, hold)
             self._rb = RingBuffer(self.hooks.events)
         except WhyrestartError as exc:
             self.hooks_error = exc.message
@@ -167,6 +157,43 @@ class GpuSide:
                     if name.isdigit() and int(name) != os.getpid():
                         self._enqueue(int(name))
 
+    def _load(self, config: layout.WrGpuConfig, object_path: str | None, hold: bool) -> GpuHooks:
+        """gpu.bpf.o with the main object's watched maps and the holds map shared between
+        recorders (in bpffs); without either when that cannot be, said in a warning."""
+        pin_dir = system.BPFFS if hold and system.ensure_bpffs() else None
+        if hold and pin_dir is None:
+            self.warnings.append(
+                f"bpffs is not mounted at {system.BPFFS} and cannot be: another recorder "
+                "holding the same GPU process may resume it before this one has probed it"
+            )
+        try:
+            return GpuHooks(config, object_path, self.shared, pin_dir)
+        except WhyrestartError as exc:
+            if pin_dir is None and not self.shared:
+                raise
+            first = exc
+        if pin_dir is not None:
+            try:
+                hooks = GpuHooks(config, object_path, self.shared)
+            except WhyrestartError:
+                pass
+            else:
+                # a map pinned by another version of whyrestart, of another shape
+                self.warnings.append(
+                    f"the holds map cannot be shared with other recorders ({first.message}): "
+                    "another recorder holding the same GPU process may resume it before this "
+                    "one has probed it"
+                )
+                return hooks
+        # the two objects' map definitions drifted apart: watch with our own filter
+        self.warnings.append(
+            f"the GPU probes cannot share the main object's watched set ({first.message}): "
+            "a new process is watched by them only once its fork is decoded (~10 ms)"
+        )
+        self.shared = {}
+        config.watch_cgroups = 0
+        return GpuHooks(config, object_path)
+
     # -- description ------------------------------------------------------------------------
 
     @property
@@ -184,6 +211,8 @@ class GpuSide:
                 else f"unavailable: {self.hold_error or 'no uprobes'}"
             ),
             "pid_filter": "shared" if "watched_pids" in self.shared else "own",
+            # holds of one process by several recorders wait for each other (bpffs map)
+            "hold_peers": "shared" if self.hooks is not None and self.hooks.peers_shared else "own",
         }
         out.update(self.nvml.describe())
         return out
@@ -272,12 +301,21 @@ class GpuSide:
     def _start_holding(self) -> None:
         """Start the guard, then let the kernel hold: never a hold nobody can end."""
         assert self.hooks is not None
-        map_fd = self.hooks.held_map.fd
+        map_fd, peers_fd = self.hooks.held_map.fd, self.hooks.peers.fd
         r, w = os.pipe()  # both ends close on exec: only the guard gets the read end
         try:
             self._guard = subprocess.Popen(
-                [sys.executable, "-I", "-S", holdguard.__file__, str(map_fd), str(r)],
-                pass_fds=(map_fd, r),
+                [
+                    sys.executable,
+                    "-I",
+                    "-S",
+                    holdguard.__file__,
+                    str(map_fd),
+                    str(r),
+                    str(peers_fd),
+                    str(self.hooks.config.holder),
+                ],
+                pass_fds=(map_fd, r, peers_fd),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
@@ -327,9 +365,7 @@ class GpuSide:
             res = self._attach_file_once(fd_path, shown)
             with contextlib.suppress(WhyrestartError):
                 self.hooks.mark_probed(h.file.dev, h.file.ino)
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGCONT)
-            self.hooks.release(pid)
+            self.hooks.resume(pid, self.clock())
             took = max(0, self.clock() - h.ts_ns)
             self.holds_resumed += 1
             self.hold_total_ns += took

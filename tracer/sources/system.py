@@ -58,6 +58,30 @@ def ensure_tracefs() -> str | None:
     return tracefs_events_dir()
 
 
+BPFFS = "/sys/fs/bpf"
+
+
+def bpffs_mounted(mounts: str = "/proc/self/mounts") -> bool:
+    try:
+        with open(mounts) as f:
+            return any(line.split()[1:3] == [BPFFS, "bpf"] for line in f if line.strip())
+    except (OSError, IndexError):
+        return False
+
+
+def ensure_bpffs() -> bool:
+    """Mount the BPF file system where libbpf pins maps by name, if it is not mounted (as
+    bpftool does): the GPU side shares one map between recorders there. False if it can't."""
+    if bpffs_mounted():
+        return True
+    if os.geteuid() != 0 or not os.path.isdir(BPFFS):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mount.argtypes = [ctypes.c_char_p] * 4 + [ctypes.c_void_p]
+    libc.mount(b"bpf", BPFFS.encode(), b"bpf", 0, None)
+    return bpffs_mounted()
+
+
 def libbpf_version() -> str | None:
     try:
         from tracer.bpf.libbpf import lib
