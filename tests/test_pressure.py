@@ -150,3 +150,27 @@ def test_host_psi_and_oom_and_verdict() -> None:
     sev = [(ln.severity, ln.text.split()[0]) for ln in lines]
     assert sev == [("warn", "psi"), ("warn", "psi"), ("crit", "OOM"), ("crit", "exit")]
     assert "cgroup_oom" in lines[-1].text
+
+
+def test_stall_time_counts_each_kernel_summary_whole() -> None:
+    """Issue 22 finding 5: the verdict prorated a summary over its interval (a kill at 40% of
+    the interval counted 40% of stalls that all came before it), so explain said 1 ms where
+    repro and the trace's record said 2.13 ms. One definition now: whole summaries."""
+    from tracer.analysis.quantities import stall_total_ns
+    from tracer.events import ReclaimSummary
+
+    def summary(ts: int, total: int, kind: str = "memcg") -> ReclaimSummary:
+        return ReclaimSummary(
+            ts=ts, cgroup_id=7, kind=kind, count=3, total_ns=total, max_ns=total,
+            reclaimed_bytes=0, interval_ns=1_000,
+        )  # fmt: skip
+
+    sums = [
+        summary(1_000, 5),
+        summary(2_000, 2_130),
+        summary(3_000, 7),
+        summary(2_000, 9, "kswapd"),
+    ]
+    assert stall_total_ns(sums, 1_400, 1_400) == 2_130  # inside the second interval: all of it
+    assert stall_total_ns(sums, 0, 10_000) == 5 + 2_130 + 7  # kswapd is nobody's stall
+    assert stall_total_ns(sums, 3_001, 10_000) == 0

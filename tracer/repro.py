@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tracer import safetext
-from tracer.analysis.quantities import fmt_bytes
+from tracer.analysis.quantities import fmt_bytes, stall_total_ns
 from tracer.analysis.verdicts import APP_EXIT, CGROUP_OOM, GLOBAL_OOM, PROBE_KILL, Verdict
 from tracer.errors import UsageError
 
@@ -60,7 +60,6 @@ SAFETY_CAP_FRACTION = 0.8  # of MemAvailable: the cgroup limit when none is give
 DEFAULT_PROBE_FAILURES = 3  # the kubelet's default failureThreshold
 DEFAULT_PROBE_INTERVAL_S = 1.0
 DEFAULT_PROBE_TIMEOUT_S = 1.0  # the kubelet's default timeoutSeconds
-STALL_KINDS = ("memcg", "direct", "high")
 
 SURVIVED, KILLED, FAILED, ERROR = "survived", "killed", "failed", "error"
 # The causes that say a run ended for memory: only these make a memory setting the answer.
@@ -821,12 +820,12 @@ class Experiment:
         end = start
         peak_seen: int | None = None
         trace_probes: list[ProbeSample] = []
+        summaries: list[ReclaimSummary] = []
         with TraceReader(result.trace) as reader:
             for ev in reader:
                 end = max(end, ev.ts)
                 if isinstance(ev, ReclaimSummary) and ev.cgroup_id == cgroup_id:
-                    if ev.kind in STALL_KINDS:
-                        result.stall_ns += ev.total_ns
+                    summaries.append(ev)
                 elif isinstance(ev, CgroupSample) and ev.cgroup_id == cgroup_id:
                     for v in (ev.usage_bytes, ev.peak_bytes):
                         if v is not None and (peak_seen is None or v > peak_seen):
@@ -836,6 +835,7 @@ class Experiment:
             footer = reader.footer
         if footer is not None:
             end = max(end, footer.ended_ns)
+        result.stall_ns = stall_total_ns(summaries, start, end)
         result.duration_s = (end - start) / 1e9
         if result.peak_bytes is None:
             result.peak_bytes = peak_seen

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from tracer.analysis import units
 from tracer.analysis.gpu import GpuStore
+from tracer.analysis.quantities import STALL_KINDS, stall_total_ns
 from tracer.events import (
     CgroupInfo,
     CgroupSample,
@@ -264,23 +265,16 @@ class Evidence:
         cgroup_ids: Iterable[int],
         start: int,
         end: int,
-        kinds: tuple[str, ...] = ("memcg", "direct", "high"),
+        kinds: tuple[str, ...] = STALL_KINDS,
     ) -> int:
-        """Stall time aggregated in the kernel for these cgroups, over summaries whose interval
-        overlaps [start, end] (prorated: a summary covers [ts - interval, ts])."""
-        total = 0.0
+        """Stall time aggregated in the kernel for these cgroups over [start, end], as
+        `quantities.stall_total_ns` defines it."""
+        total = 0
         for cid in set(cgroup_ids):
             ev = self.by_cgroup.get(cid)
-            if ev is None:
-                continue
-            for s in ev.summaries:
-                if s.kind not in kinds:
-                    continue
-                lo, hi = s.ts - s.interval_ns, s.ts
-                overlap = min(hi, end) - max(lo, start)
-                if overlap > 0 and s.interval_ns > 0:
-                    total += s.total_ns * overlap / s.interval_ns
-        return int(total)
+            if ev is not None:
+                total += stall_total_ns(ev.summaries, start, end, kinds)
+        return total
 
     def probes_between(
         self, start: int, end: int, unit: str | None, unlabelled: bool = False

@@ -27,12 +27,11 @@ from typing import Any
 import orjson
 
 from tracer import __version__, safetext
-from tracer.analysis.quantities import fmt_offset
+from tracer.analysis.quantities import STALL_KINDS, fmt_offset
 from tracer.clock import wall_time
 from tracer.errors import OutputError
 from tracer.outputs.timeline import (
     OOM,
-    STALL_KINDS,
     HostTimeline,
     Marker,
     Timeline,

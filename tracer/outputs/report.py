@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tracer import __version__, safetext
-from tracer.analysis.quantities import fmt_bytes, fmt_duration, fmt_offset
+from tracer.analysis.quantities import STALL_KINDS, fmt_bytes, fmt_duration, fmt_offset
 from tracer.analysis.verdicts import Verdict
 from tracer.analysis.wording import memory_at_kill
 from tracer.clock import wall_time
@@ -43,7 +43,6 @@ from tracer.outputs.timeline import (
     OOM,
     RESTART,
     SIGNAL,
-    STALL_KINDS,
     HostTimeline,
     Marker,
     Timeline,

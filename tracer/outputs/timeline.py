@@ -67,8 +67,6 @@ OOM, SIGNAL, EXIT, RESTART, GPU_FAIL, GPU_DOWN, LOST = (
 )
 MARKER_KINDS = (OOM, SIGNAL, EXIT, RESTART, GPU_FAIL, GPU_DOWN, LOST)
 
-STALL_KINDS = ("memcg", "direct", "high")  # what counts as stall time (kswapd does not)
-
 
 @dataclass(frozen=True, slots=True)
 class Marker:
