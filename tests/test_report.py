@@ -352,3 +352,13 @@ def test_report_renders_in_headless_chromium(nested_html: Path, tmp_path: Path) 
     # the limit lines' labels are SVG text the browser parsed
     assert "<text" in dom and "effective limit 96.0 MiB" in dom
     assert f"limit {PARENT}: 96.0 MiB" in dom
+
+
+def test_a_stall_band_does_not_start_before_its_cgroup() -> None:
+    """Issue 22 finding 5: the report drew a summary's stall band over its whole interval,
+    including time before the cgroup existed. The band starts at the cgroup's first record."""
+    t = load(str(Path(__file__).parent / "data" / "reclaim_v1_oom.trace"))
+    [s] = [s for u in t.units for s in u.summaries]
+    first = t.cgroup_first_ns[s.cgroup_id]
+    assert s.ts - s.interval_ns < first < s.ts  # the interval began before the cgroup did
+    assert t.stall_span(s) == (first, s.ts)

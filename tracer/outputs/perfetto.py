@@ -258,8 +258,8 @@ class _Writer:
                 f"{kind} reclaim {path}",
                 [
                     (
-                        s.ts - s.interval_ns,
-                        s.interval_ns,
+                        self.t.stall_span(s)[0],
+                        s.ts - self.t.stall_span(s)[0],
                         f"{s.count} {kind} stalls, {s.total_ns / 1e6:.1f} ms",
                         {
                             "count": s.count,

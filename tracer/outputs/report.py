@@ -353,10 +353,13 @@ class _Chart:
         ax.set_ylabel("stall (ms)")
         first = True
         for s in sums:
+            lo, hi = self.t.stall_span(s)
+            if hi <= lo:
+                continue
             ax.bar(
-                self.x(s.ts - s.interval_ns),
-                s.total_ns / s.interval_ns * 1000,
-                width=s.interval_ns / 1e9,
+                self.x(lo),
+                s.total_ns / (hi - lo) * 1000,
+                width=(hi - lo) / 1e9,
                 align="edge",
                 color="#ff9896",
                 alpha=0.5,

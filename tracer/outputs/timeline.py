@@ -30,6 +30,7 @@ from tracer.analysis.verdicts import Analyzer, Restart, Verdict, describe_status
 from tracer.events import (
     SI_KERNEL,
     CgroupInfo,
+    CgroupMkdir,
     CgroupSample,
     EffectiveLimit,
     Event,
@@ -226,10 +227,19 @@ class Timeline:
     restart_counts: list[tuple[str, int, int | None, str]]
     cgroup_paths: dict[int, str]
     counts: dict[str, int]  # events per kind
+    # cgroup id -> its first record in the trace (its creation, or when it was first named)
+    cgroup_first_ns: dict[int, int] = field(default_factory=dict)
 
     def rel_s(self, ts: int) -> float:
         """Seconds since the start of the recording."""
         return (ts - self.start_ns) / 1e9
+
+    def stall_span(self, s: ReclaimSummary) -> tuple[int, int]:
+        """When a reclaim summary's stalls can have happened: its interval, from no earlier
+        than its cgroup's first record (a cgroup made during the recording stalled nothing
+        before it existed; the chart's band must not start before it)."""
+        start = max(s.ts - s.interval_ns, self.cgroup_first_ns.get(s.cgroup_id, 0))
+        return min(start, s.ts), s.ts
 
 
 def is_ancestor(a: str, b: str) -> bool:
@@ -301,6 +311,7 @@ class _Builder:
         self.gpu_failures: list[GpuAllocFailure] = []
         self.gpu_recovered: list[GpuOomRecovered] = []
         self.host = HostTimeline()
+        self.cgroup_first_ns: dict[int, int] = {}
 
     def _cg(self, cgroup_id: int, path: str | None = None) -> CgroupSeries:
         cg = self.cgroups.get(cgroup_id)
@@ -324,9 +335,11 @@ class _Builder:
         self.end_ns = max(self.end_ns, ev.ts)
         if isinstance(ev, CgroupSample):
             self._cg(ev.cgroup_id, ev.path).add(ev)
-        elif isinstance(ev, CgroupInfo):
+        elif isinstance(ev, CgroupInfo | CgroupMkdir):
+            self.cgroup_first_ns.setdefault(ev.cgroup_id, ev.ts)
             cg = self._cg(ev.cgroup_id, ev.path)
-            cg.info_limit = ev.limit_bytes
+            if isinstance(ev, CgroupInfo):
+                cg.info_limit = ev.limit_bytes
         elif isinstance(ev, EffectiveLimit):
             self._cg(ev.cgroup_id, ev.path).effective.append(ev)
         elif isinstance(ev, Exec):
@@ -494,6 +507,7 @@ class _Builder:
             restart_counts=self.analyzer.restart_counts(),
             cgroup_paths={cid: cg.path for cid, cg in self.cgroups.items()},
             counts=dict(self.counts),
+            cgroup_first_ns=dict(self.cgroup_first_ns),
         )
 
     def _limits(self, u: UnitTimeline, start: int, end: int) -> None:
