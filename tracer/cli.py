@@ -26,6 +26,7 @@ from tracer.options import (
     OUTPUT_DIR,
     OUTPUT_FILE,
     PROBE,
+    TRACE,
     Checked,
     SettingList,
     check_not_input,
@@ -457,7 +458,7 @@ def tail(as_json: bool, command: tuple[str, ...], **kw: Any) -> None:
 
 
 @main.command()
-@click.argument("trace", type=click.Path(dir_okay=False))
+@click.argument("trace", type=TRACE)
 @click.option("--json", "as_json", is_flag=True, help="Events and verdicts as JSON.")
 @click.option("--verdicts-only", is_flag=True, help="Skip the event timeline.")
 @click.option("--tail", "as_tail", is_flag=True, help="Show the lines `tail` showed live.")
@@ -551,7 +552,7 @@ def replay(trace: str, as_json: bool, verdicts_only: bool, as_tail: bool) -> Non
 
 
 @main.command()
-@click.argument("trace", type=click.Path(dir_okay=False))
+@click.argument("trace", type=TRACE)
 @click.option("--json", "as_json", is_flag=True, help="Verdicts and restarts as JSON.")
 @click.option("--pid", "pids", type=int, multiple=True, help="Only this process (repeatable).")
 @click.option(
@@ -738,7 +739,7 @@ def _parse_duration(text: str) -> object:
 
 
 @main.command()
-@click.argument("trace", type=click.Path(dir_okay=False))
+@click.argument("trace", type=TRACE)
 @click.option(
     "-o",
     "--output",
@@ -782,7 +783,7 @@ def report(trace: str, output: str | None, png: str | None) -> None:
 
 
 @main.command()
-@click.argument("trace", type=click.Path(dir_okay=False))
+@click.argument("trace", type=TRACE)
 @click.option(
     "--format",
     "fmt",
@@ -940,6 +941,147 @@ def repro(
         _text(comparison.table(), nl=False)
     if comparison.stop_signal is not None:
         sys.exit(128 + comparison.stop_signal)
+
+
+# -- agent, history (tracer/agent) ---------------------------------------------------------
+
+
+@main.command()
+@click.option(
+    "--state-dir",
+    default=None,
+    help="Where segments, incidents and the journal live "
+    "(default $WHYRESTART_STATE_DIR or /var/lib/whyrestart).",
+)
+@click.option(
+    "--max-disk", default="1G", show_default=True, help="Disk budget of the state dir: 20M, 1G."
+)
+@click.option(
+    "--metrics-addr",
+    default="127.0.0.1:9464",
+    show_default=True,
+    help="Serve Prometheus metrics on HOST:PORT at /metrics ('' for none).",
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json", "none"]),
+    default="text",
+    show_default=True,
+    help="Each notable verdict on stdout: a text line, or one JSON line with OpenTelemetry "
+    "attribute names.",
+)
+@click.option(
+    "--retain",
+    default="30m",
+    show_default=True,
+    help="How much recent history the segment ring keeps at full resolution.",
+)
+@click.option(
+    "--series-ttl",
+    default="10m",
+    show_default=True,
+    help="A vanished unit's metric series are removed after it has been quiet this long.",
+)
+@_friendly
+def agent(
+    state_dir: str | None,
+    max_disk: str,
+    metrics_addr: str,
+    log_format: str,
+    retain: str,
+    series_ttl: str,
+) -> None:
+    """Run always on: every container and unit on the host, a verdict per notable exit and
+    restart, kept in a journal (`whyrestart history`) with its evidence window as an incident
+    trace (`whyrestart explain ID`), and served as Prometheus metrics.
+
+    \b
+    SIGTERM/SIGINT: flush and exit 0. SIGHUP: reopen the journal, apply the budget again.
+    Examples:
+      sudo whyrestart agent
+      sudo whyrestart agent --state-dir /data/whyrestart --max-disk 200M --log-format json
+    """
+    from tracer.agent.run import Agent, AgentConfig
+    from tracer.agent.state import default_state_dir
+    from tracer.record import preflight
+    from tracer.repro import parse_size
+    from tracer.sources.probes import parse_duration
+
+    try:
+        budget = parse_size(max_disk)
+    except UsageError as exc:
+        raise UsageError(f"--max-disk: {exc.message}", exc.fix) from None
+    seconds = {}
+    for name, text in (("--retain", retain), ("--series-ttl", series_ttl)):
+        try:
+            seconds[name] = _since_seconds(text, parse_duration)
+        except UsageError as exc:
+            raise UsageError(exc.message.replace("--since", name), exc.fix) from None
+    preflight()
+    cfg = AgentConfig(
+        state_dir=state_dir or default_state_dir(),
+        max_disk=budget,
+        metrics_addr=metrics_addr or None,
+        log_format=log_format,
+        retain_s=seconds["--retain"],
+        series_ttl_s=seconds["--series-ttl"],
+    )
+    sys.exit(Agent(cfg).run())
+
+
+@main.command()
+@click.option("--state-dir", default=None, help="The agent's state dir (default as the agent's).")
+@click.option("--since", default=None, help="Only verdicts this recent: 30m, 2h, 7d.")
+@click.option("--unit", default=None, help="Only units whose name contains this.")
+@click.option("--cause", default=None, help="Only this cause (cgroup_oom, probe_kill, ...).")
+@click.option("--restarts", is_flag=True, help="List restarts instead of verdicts.")
+@click.option("--json", "as_json", is_flag=True, help="The entries as JSON (schema 1).")
+@_friendly
+def history(
+    state_dir: str | None,
+    since: str | None,
+    unit: str | None,
+    cause: str | None,
+    restarts: bool,
+    as_json: bool,
+) -> None:
+    """What the agent concluded: every notable verdict (or restart) it reached, newest last,
+    with the incident to open with `whyrestart explain ID`. Needs no root where the state dir
+    is readable."""
+    import os
+    import time
+
+    from tracer.agent.journal import read_journal, select
+    from tracer.agent.state import StateDir, default_state_dir
+    from tracer.sources.probes import parse_duration
+
+    sd = StateDir(state_dir or default_state_dir())
+    if not os.path.isdir(sd.path):
+        raise UsageError(
+            f"no agent state in {sd.path}",
+            "start one with `sudo whyrestart agent`, or name its --state-dir",
+        )
+    try:
+        entries = read_journal(sd.journal)
+    except PermissionError:
+        raise UsageError(f"cannot read {sd.journal}: permission denied", "run it as root") from None
+    since_wall = time.time() - _since_seconds(since, parse_duration) if since else None
+    rows = select(
+        entries,
+        since_wall=since_wall,
+        unit=unit,
+        cause=cause,
+        kind="restart" if restarts else "verdict",
+    )
+    if as_json:
+        click.echo(_dumps({"schema": 1, "state_dir": sd.path, "entries": rows}))
+        return
+    if not rows:
+        _text(f"no {'restarts' if restarts else 'verdicts'} in {sd.journal}")
+        return
+    from tracer.agent.history import history_table
+
+    _text(history_table(rows, restarts), nl=False)
 
 
 if __name__ == "__main__":  # pragma: no cover

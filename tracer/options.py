@@ -249,3 +249,22 @@ PROBE = _Probe()
 CGROUP = _Cgroup()
 OUTPUT_FILE = OutputFile()
 OUTPUT_DIR = _OutputDir()
+
+
+class _Trace(click.ParamType[str]):
+    """A trace file, or the id of an incident the agent kept (``20261201T031502Z-4242``),
+    looked up in $WHYRESTART_STATE_DIR (default /var/lib/whyrestart)."""
+
+    name = "trace"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> str:
+        path = str(value)
+        if os.path.exists(path) or os.sep in path:
+            return path
+        from tracer.agent.state import StateDir, default_state_dir
+
+        found = StateDir(default_state_dir()).incident_path(path)
+        return found if found is not None else path
+
+
+TRACE = _Trace()

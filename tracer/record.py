@@ -200,8 +200,12 @@ class Recorder:
         overwrite: bool = False,
         sources: Sequence[Source] = (),
         sinks: Sequence[Sink] = (),
+        reload: Callable[[], None] | None = None,
     ) -> None:
         self.overwrite = overwrite
+        # SIGHUP: with ``reload`` (the agent), call it from the loop instead of stopping
+        self.reload = reload
+        self._reload_pending = False
         self._guard: selfguard.Guard | None = None
         self.sample_interval_ns = sample_interval_ns
         self.stall_threshold_ns = stall_threshold_ns
@@ -486,6 +490,9 @@ class Recorder:
         next_trim = started + TRIM_S
         while True:
             pipeline.step()
+            if self._reload_pending and self.reload is not None:
+                self._reload_pending = False
+                self.reload()
             now = time.monotonic()
             if now >= next_trim:
                 selfguard.trim_heap()
@@ -552,6 +559,9 @@ class Recorder:
         prev: dict[int, Any] = {}
 
         def handler(signum: int, _frame: object) -> None:
+            if signum == signal.SIGHUP and self.reload is not None:
+                self._reload_pending = True
+                return
             self.stop.by_signal(signum)
 
         for sig in STOP_SIGNALS:

@@ -87,3 +87,27 @@ def supervised(supervisor: str, supervisor_pid: int, program: str) -> UnitName:
     """A program run by a process supervisor (supervisord, s6, runit): one unit per program."""
     short = program.rsplit("/", 1)[-1]
     return UnitName("supervised", f"{supervisor_pid}:{program}", f"{short} under {supervisor}")
+
+
+_COMMAND = re.compile(r" \(pid \d+\)$")
+
+
+def label_parts(label: str | None) -> dict[str, str]:
+    """What a unit's label (``from_info``/``unit_of_cgroup``) says, as metric labels: ``unit``
+    always; ``namespace``, ``pod``, ``container`` for a Kubernetes pod's container named by
+    its runtime; ``container_name`` for a podman/Docker container named by its runtime."""
+    if not label or _COMMAND.search(label):
+        # no unit (a process of the host, named after its top process: "sh (pid 4242)"); as a
+        # label it would make a series per process
+        return {"unit": ""}
+    out = {"unit": label}
+    if label.startswith("pod ") and " container " in label:
+        pod, container = label[4:].split(" container ", 1)
+        if "/" in pod:
+            out["namespace"], out["pod"] = pod.split("/", 1)
+            out["container"] = container
+    else:
+        kind, _, name = label.partition(" ")
+        if kind in CONTAINER_KINDS and name:
+            out["container_name"] = name
+    return out

@@ -1,0 +1,233 @@
+"""Tier 3 (root, real kernel): the agent watching the whole host. A real OOM kill in a child
+memory cgroup reaches /metrics, the journal and an incident; a restarted agent lists it once;
+the incident replays to the same verdict without root; bad set-ups are clear errors."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+
+from tracer.sources.cgroupfs import CgroupLayout, ChildCgroup, own_memory_cgroup
+
+pytestmark = pytest.mark.root
+
+MiB = 1024 * 1024
+HOG = "chunks = []\nwhile True:\n    chunks.append(b'x' * (1 << 20))\n"
+WHYRESTART = [sys.executable, "-m", "tracer.cli"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class AgentProc:
+    def __init__(self, state: Path, *extra: str) -> None:
+        self.port = free_port()
+        self.state = state
+        # files, not pipes: a busy host's verdict lines must never fill a pipe nobody reads
+        self.out = (state.parent / f"agent-{self.port}.out").open("w+b")
+        self.err = (state.parent / f"agent-{self.port}.err").open("w+b")
+        self.proc = subprocess.Popen(
+            [
+                *WHYRESTART,
+                "agent",
+                "--state-dir",
+                str(state),
+                "--metrics-addr",
+                f"127.0.0.1:{self.port}",
+                "--log-format",
+                "json",
+                *extra,
+            ],
+            stdout=self.out,
+            stderr=self.err,
+        )
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        """An always-on agent is running long before the workload: wait until it watches."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.err.seek(0)
+            seen = self.err.read()
+            if b"ready: watching" in seen:
+                return
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        self.err.seek(0)
+        raise AssertionError(f"agent not ready: {self.err.read().decode(errors='replace')}")
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as r:
+            return str(r.read().decode())
+
+    def stop(self) -> tuple[int, bytes]:
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout=60)
+        self.out.seek(0)
+        return self.proc.returncode, self.out.read()
+
+
+def history(state: Path) -> list[dict[str, object]]:
+    out = subprocess.run(
+        [*WHYRESTART, "history", "--state-dir", str(state), "--json"],
+        capture_output=True,
+        check=True,
+    ).stdout
+    return list(orjson.loads(out)["entries"])
+
+
+@pytest.fixture
+def layout() -> CgroupLayout:
+    lay = CgroupLayout.from_system()
+    if lay.memory_root is None:
+        pytest.skip("no memory cgroup controller mounted")
+    return lay
+
+
+@pytest.fixture
+def agent_state(tmp_path: Path) -> Iterator[Path]:
+    yield tmp_path / "state"
+    for unit in tmp_path.glob("agent-*.err"):  # shown when a test fails
+        print(unit.read_text(errors="replace")[-4000:])
+
+
+def until(check: object, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():  # type: ignore[operator]
+            return
+        time.sleep(0.2)
+    raise AssertionError("timed out")
+
+
+def test_an_oom_kill_reaches_metrics_history_and_an_incident(
+    agent_state: Path, tmp_path: Path, layout: CgroupLayout
+) -> None:
+    agent = AgentProc(agent_state)
+    try:
+        agent.wait_ready()
+        name = f"wr-agent-oom-{os.getpid()}"
+        with ChildCgroup(own_memory_cgroup(layout=layout), name, 64 * MiB, layout=layout) as cg:
+            procs = os.path.join(cg.abs_path, "cgroup.procs")
+            hog = subprocess.run(
+                ["sh", "-c", f'echo $$ > {procs} && exec "$@"', "sh", sys.executable, "-c", HOG]
+            )
+            assert hog.returncode == -signal.SIGKILL
+            path = cg.path
+        until(lambda: "whyrestart_oom_kills_total{" in agent.metrics())
+        text = agent.metrics()
+        ooms = [ln for ln in text.splitlines() if ln.startswith("whyrestart_oom_kills_total{")]
+        assert len(ooms) == 1 and 'limit_scope="own"' in ooms[0] and ooms[0].endswith(" 1.0")
+        assert 'cause="cgroup_oom",confidence="high"' in text
+        until(lambda: any(e["cause"] == "cgroup_oom" for e in history(agent_state)))
+        code, out = agent.stop()
+        assert code == 0
+    finally:
+        if agent.proc.poll() is None:
+            agent.proc.kill()
+    kills = [e for e in history(agent_state) if e["cause"] == "cgroup_oom"]
+    assert len(kills) == 1 and kills[0]["verdict"]["limit_cgroup"] == path  # type: ignore[index]
+    incident = str(kills[0]["incident"])
+    # the JSON log line for it, with OpenTelemetry names
+    lines = [orjson.loads(ln) for ln in out.splitlines()]
+    mine = [ln for ln in lines if ln["attributes"].get("whyrestart.incident") == incident]
+    assert any(ln["attributes"]["whyrestart.cause"] == "cgroup_oom" for ln in mine)
+
+    # a restarted agent adds no duplicate
+    again = AgentProc(agent_state)
+    try:
+        again.wait_ready()
+        assert len([e for e in history(agent_state) if e["cause"] == "cgroup_oom"]) == 1
+        assert again.stop()[0] == 0
+    finally:
+        if again.proc.poll() is None:
+            again.proc.kill()
+    assert len([e for e in history(agent_state) if e["cause"] == "cgroup_oom"]) == 1
+
+    # the incident replays to the same verdict, without root
+    src = next((agent_state / "incidents").glob(incident + ".trace*"))
+    public = Path(tempfile.mkdtemp(prefix="wr-incident-"))  # (pytest's tmp dirs are 0700)
+    os.chmod(public, 0o755)
+    mine_copy = public / ("incident" + "".join(src.suffixes))
+    shutil.copy(src, mine_copy)
+    os.chown(mine_copy, 65534, 65534)
+    res = subprocess.run(
+        [
+            "setpriv",
+            "--reuid",
+            "65534",
+            "--regid",
+            "65534",
+            "--clear-groups",
+            *WHYRESTART,
+            "explain",
+            str(mine_copy),
+            "--json",
+        ],
+        capture_output=True,
+        cwd="/",
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
+    shutil.rmtree(public)
+    assert res.returncode == 0, res.stderr
+    verdicts = [v for v in orjson.loads(res.stdout)["verdicts"] if v["pid"] == kills[0]["pid"]]
+    assert [(v["cause"], v["confidence"]) for v in verdicts] == [("cgroup_oom", "high")]
+
+
+def test_bad_setups_are_clear_errors(agent_state: Path, tmp_path: Path) -> None:
+    first = AgentProc(agent_state)
+    try:
+        first.wait_ready()
+        second = subprocess.run(
+            [*WHYRESTART, "agent", "--state-dir", str(agent_state), "--metrics-addr", ""],
+            capture_output=True,
+            timeout=60,
+        )
+        assert second.returncode == 2
+        assert b"another whyrestart agent" in second.stderr
+        busy = subprocess.run(
+            [
+                *WHYRESTART,
+                "agent",
+                "--state-dir",
+                str(tmp_path / "other"),
+                "--metrics-addr",
+                f"127.0.0.1:{first.port}",
+            ],
+            capture_output=True,
+            timeout=60,
+        )
+        assert busy.returncode == 2 and b"--metrics-addr" in busy.stderr
+        assert first.stop()[0] == 0
+    finally:
+        if first.proc.poll() is None:
+            first.proc.kill()
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(ro)], check=True)
+    try:
+        res = subprocess.run(
+            [*WHYRESTART, "agent", "--state-dir", str(ro / "state"), "--metrics-addr", ""],
+            capture_output=True,
+            timeout=60,
+        )
+        assert res.returncode == 7 and b"read-only" in res.stderr, res.stderr
+    finally:
+        with contextlib.suppress(subprocess.CalledProcessError):
+            subprocess.run(["umount", str(ro)], check=True)

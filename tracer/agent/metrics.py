@@ -1,0 +1,140 @@
+"""The agent's Prometheus metrics, through prometheus_client (names and labels after cAdvisor and
+kube-state-metrics: ``namespace``, ``pod``, ``container`` for a Kubernetes pod's container,
+empty otherwise; ``unit`` is whyrestart's name for what restarted).
+
+Label cardinality is bounded: a unit's series are removed once the unit has been quiet for
+``series_ttl_s`` and its cgroup is gone (``alive`` says whether a unit still exists), as
+kube-state-metrics drops a deleted pod's series. The agent's own cost is there too: CPU seconds
+and resident memory (prometheus_client's process collector), disk used, incidents, records lost
+or unwritten.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.process_collector import ProcessCollector
+
+from tracer.analysis.findings import APP_EXIT, CGROUP_OOM, GLOBAL_OOM, Restart, Verdict
+
+UNIT_LABELS = ("unit", "namespace", "pod", "container")
+DEFAULT_SERIES_TTL_S = 600.0
+
+
+class Metrics:
+    def __init__(
+        self,
+        series_ttl_s: float = DEFAULT_SERIES_TTL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.registry = CollectorRegistry()
+        reg = self.registry
+        ProcessCollector(registry=reg, namespace="whyrestart_agent")
+        self.series_ttl_s = series_ttl_s
+        self.clock = clock
+        u = UNIT_LABELS
+        self.exits = Counter(
+            "whyrestart_exits",
+            "Process exits judged, by cause and confidence",
+            [*u, "cause", "confidence"],
+            registry=reg,
+        )
+        self.restarts = Counter(
+            "whyrestart_restarts",
+            "Restarts of a unit, by the cause of the exit before",
+            [*u, "cause"],
+            registry=reg,
+        )
+        self.oom_kills = Counter(
+            "whyrestart_oom_kills",
+            "OOM kills, by the scope of the limit that fired",
+            [*u, "limit_scope"],
+            registry=reg,
+        )
+        self.reclaim = Counter(
+            "whyrestart_reclaim_stall_seconds",
+            "Time processes of a unit stalled in memory reclaim",
+            list(u),
+            registry=reg,
+        )
+        self.throttle = Counter(
+            "whyrestart_memory_high_throttled_seconds",
+            "Time processes of a unit were throttled over memory.high",
+            list(u),
+            registry=reg,
+        )
+        self.clean = Counter(
+            "whyrestart_clean_exits", "Processes that exited with code 0", list(u), registry=reg
+        )
+        self.lost = Counter(
+            "whyrestart_events_lost", "Events the kernel could not hand over", registry=reg
+        )
+        self.unwritten = Gauge(
+            "whyrestart_records_unwritten",
+            "Trace records and journal lines the agent could not write (disk full)",
+            registry=reg,
+        )
+        self.disk = Gauge("whyrestart_disk_used_bytes", "State directory bytes used", registry=reg)
+        self.incidents = Gauge("whyrestart_incidents", "Incidents kept on disk", registry=reg)
+        self._seen: dict[tuple[str, ...], float] = {}  # unit labels -> last update
+        # unit labels -> the (metric, full label values) children made for it, to remove them
+        self._children: dict[tuple[str, ...], set[tuple[Counter, tuple[str, ...]]]] = {}
+        self._lost_seen = 0
+
+    # -- updates ------------------------------------------------------------------------------
+
+    def _inc(
+        self, metric: Counter, labels: dict[str, str], extra: tuple[str, ...] = (), by: float = 1
+    ) -> None:
+        key = tuple(labels.get(k, "") for k in UNIT_LABELS)
+        self._seen[key] = self.clock()
+        values = (*key, *extra)
+        self._children.setdefault(key, set()).add((metric, values))
+        metric.labels(*values).inc(by)
+
+    def verdict(self, v: Verdict, labels: dict[str, str]) -> None:
+        self._inc(self.exits, labels, (v.cause, v.confidence))
+        if v.cause in (CGROUP_OOM, GLOBAL_OOM):
+            scope = v.limit_scope or ("host" if v.cause == GLOBAL_OOM else "unknown")
+            self._inc(self.oom_kills, labels, (scope,))
+        if v.cause == APP_EXIT and v.exit_code == 0:
+            self._inc(self.clean, labels)
+
+    def clean_exits(self, labels: dict[str, str], n: int) -> None:
+        """Clean exits counted in the kernel, not streamed."""
+        if n > 0:
+            self._inc(self.clean, labels, by=n)
+
+    def restart(self, r: Restart, labels: dict[str, str]) -> None:
+        self._inc(self.restarts, labels, (r.cause,))
+
+    def stall(self, labels: dict[str, str], seconds: float, throttled: bool) -> None:
+        self._inc(self.throttle if throttled else self.reclaim, labels, by=seconds)
+
+    def state(self, *, lost: int, unwritten: int, disk: int, incidents: int) -> None:
+        if lost > self._lost_seen:
+            self.lost.inc(lost - self._lost_seen)
+            self._lost_seen = lost
+        self.unwritten.set(unwritten)
+        self.disk.set(disk)
+        self.incidents.set(incidents)
+
+    # -- cardinality ------------------------------------------------------------------------
+
+    def expire(self, alive: Callable[[str], bool]) -> int:
+        """Remove the series of units quiet for the ttl whose cgroup is gone; how many units."""
+        now = self.clock()
+        gone = [
+            k for k, t in self._seen.items() if now - t >= self.series_ttl_s and not alive(k[0])
+        ]
+        for key in gone:
+            del self._seen[key]
+            for metric, values in self._children.pop(key, set()):
+                metric.remove(*values)
+        return len(gone)
+
+    @property
+    def units(self) -> int:
+        return len(self._seen)

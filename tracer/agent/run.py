@@ -1,0 +1,266 @@
+"""`whyrestart agent`: the recorder's pipeline over the whole host, run until stopped, with the
+agent's sinks after the analyzer:
+
+  ring buffer, kernel log, samplers, followed units -> ... -> analyzer -> verdicts
+                                                     \\-> segments -> incidents
+  verdicts -> journal, metrics, incidents, one log line each (text or OpenTelemetry JSON)
+
+Signals: SIGTERM/SIGINT flush everything and exit 0; SIGHUP reopens the journal (log rotation)
+and applies the disk budget again; a SIGKILL loses at most the last second of segment data
+(segments are flushed every second; journal lines at once).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from prometheus_client import start_http_server
+
+from tracer.agent.incidents import DEFAULT_AFTER_S, DEFAULT_BEFORE_S, IncidentStore, notable
+from tracer.agent.journal import Journal, restart_entry, verdict_entry
+from tracer.agent.metrics import DEFAULT_SERIES_TTL_S, Metrics
+from tracer.agent.otel import log_line
+from tracer.agent.segments import DEFAULT_RETAIN_S, DEFAULT_SEGMENT_S, SegmentSink
+from tracer.agent.state import Evicted, StateDir
+from tracer.analysis.findings import Verdict
+from tracer.analysis.units import label_parts
+from tracer.analysis.verdicts import Analyzer
+from tracer.clock import wall_time
+from tracer.errors import UsageError
+from tracer.events import CgroupInfo, Event, Lost, ReclaimStall, ReclaimSummary
+from tracer.record import Recorder, Targets
+from tracer.safetext import field
+from tracer.sources.cgroupfs import CgroupLayout, under
+from tracer.trace.format import TraceFooter
+
+HOUSEKEEPING_S = 5.0
+DEFAULT_MAX_DISK = 1 << 30
+DEFAULT_METRICS_ADDR = "127.0.0.1:9464"
+
+
+@dataclass
+class AgentConfig:
+    state_dir: str
+    max_disk: int = DEFAULT_MAX_DISK
+    metrics_addr: str | None = DEFAULT_METRICS_ADDR
+    log_format: str = "text"  # "text", "json" or "none"
+    segment_s: float = DEFAULT_SEGMENT_S
+    retain_s: float = DEFAULT_RETAIN_S
+    before_s: float = DEFAULT_BEFORE_S
+    after_s: float = DEFAULT_AFTER_S
+    series_ttl_s: float = DEFAULT_SERIES_TTL_S
+
+
+def parse_addr(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:PORT`` for IPv6); a bad one is a usage error naming the option."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UsageError(
+            f"--metrics-addr {text!r} is not HOST:PORT", "e.g. --metrics-addr 127.0.0.1:9464"
+        )
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def boot_id(proc_root: str = "/proc") -> str:
+    try:
+        with open(os.path.join(proc_root, "sys/kernel/random/boot_id")) as f:
+            return f.read().strip().replace("-", "")
+    except OSError:
+        return "unknownboot"
+
+
+class Agent:
+    def __init__(self, config: AgentConfig, out: Callable[[bytes], object] | None = None) -> None:
+        self.config = config
+        self.out: Callable[[bytes], object] = out or _stdout
+        self.boot = boot_id()
+        self.metrics = Metrics(config.series_ttl_s)
+        self.layout = CgroupLayout.from_system()
+        self.recorder: Recorder | None = None
+        self._unit_paths: dict[str, str] = {}  # unit label -> a cgroup path of it
+        self._restarts_seen = 0
+        self._lost = 0
+        self._next_housekeeping = 0.0
+        self._ready = False
+
+    # -- the run ----------------------------------------------------------------------------
+
+    def run(self) -> int:
+        cfg = self.config
+        addr = parse_addr(cfg.metrics_addr) if cfg.metrics_addr else None
+        self.state = StateDir.open(cfg.state_dir)
+        try:
+            if addr is not None:
+                self._serve(addr)
+            self.journal = Journal(self.state.journal)
+            self.segments = SegmentSink(
+                self.state,
+                lambda: self.recorder.header if self.recorder else None,
+                self.boot,
+                segment_s=cfg.segment_s,
+                retain_s=cfg.retain_s,
+                max_bytes=cfg.max_disk,
+                on_evict=self._evicted,
+            )
+            self.incidents = IncidentStore(
+                self.segments,
+                self._clock_offset,
+                before_s=cfg.before_s,
+                after_s=cfg.after_s,
+                on_cut=self._cut,
+            )
+            self.recorder = Recorder(
+                None,
+                Targets(all=True),
+                on_event=self._on_event,
+                sinks=[self.segments, self.incidents, _Housekeeping(self)],
+                reload=self._reload,
+                status=self._status,
+            )
+            self.recorder.run()
+        finally:
+            if hasattr(self, "journal"):
+                self.journal.close()
+            self.state.close()
+        return 0
+
+    def _status(self, line: str, final: bool) -> None:
+        """The recorder's status line, once a loop runs: the agent is watching."""
+        if not self._ready and not final:
+            self._ready = True
+            where = f", metrics on http://{self.config.metrics_addr}/metrics"
+            self._note(
+                f"ready: watching every cgroup; state in {self.state.path}"
+                + (where if self.config.metrics_addr else "")
+            )
+
+    def _serve(self, addr: tuple[str, int]) -> None:
+        try:
+            start_http_server(addr[1], addr=addr[0], registry=self.metrics.registry)
+        except OSError as exc:
+            raise UsageError(
+                f"cannot serve metrics on {addr[0]}:{addr[1]}: {exc.strerror or exc}",
+                "choose a free port with --metrics-addr, or stop what holds it "
+                "(--metrics-addr '' turns metrics off)",
+            ) from exc
+
+    def _clock_offset(self) -> int:
+        header = self.recorder.header if self.recorder else None
+        return header.clock_offset_ns if header else 0
+
+    # -- what the pipeline hands over -------------------------------------------------------
+
+    def _on_event(self, ev: Event | None, verdicts: list[Verdict]) -> None:
+        for v in verdicts:
+            self._verdict(v)
+        if ev is None:
+            return
+        t = type(ev)
+        if t is ReclaimStall or t is ReclaimSummary:
+            self._stall(ev)  # type: ignore[arg-type]
+        elif t is Lost:
+            self._lost += ev.count  # type: ignore[attr-defined]
+        elif isinstance(ev, CgroupInfo):
+            unit = self._analyzer().unit_of_cgroup(ev.cgroup_id, ev.path)
+            if unit is not None:
+                self._unit_paths[unit.label] = ev.path
+
+    def _analyzer(self) -> Analyzer:
+        assert self.recorder is not None
+        return self.recorder.analyzer
+
+    def _verdict(self, v: Verdict) -> None:
+        labels = label_parts(v.unit)
+        self.metrics.verdict(v, labels)
+        if not notable(v):
+            return
+        incident = self.incidents.add(v)
+        self.journal.add(verdict_entry(v, self.boot, self._clock_offset(), incident, labels))
+        if self.config.log_format == "json":
+            self.out(log_line(v, self._clock_offset(), incident))
+        elif self.config.log_format == "text":
+            when = wall_time(v.ts, self._clock_offset()).isoformat(timespec="milliseconds")
+            self.out(
+                field(
+                    f"{when} {v.unit or '-'} pid {v.pid} ({v.comm}): {v.cause} ({v.confidence})"
+                    f" - {v.summary} [incident {incident}]"
+                ).encode()
+                + b"\n"
+            )
+
+    def _stall(self, ev: ReclaimStall | ReclaimSummary) -> None:
+        if isinstance(ev, ReclaimSummary):
+            if ev.kind == "kswapd":
+                return
+            seconds, kind = ev.total_ns / 1e9, ev.kind
+        else:
+            # long stalls are counted in the summaries too: only the summaries add up
+            return
+        unit = self._analyzer().unit_of_cgroup(ev.cgroup_id)
+        self.metrics.stall(label_parts(unit.label if unit else None), seconds, kind == "high")
+
+    def _housekeeping(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now < self._next_housekeeping:
+            return
+        self._next_housekeeping = now + HOUSEKEEPING_S
+        restarts = self._analyzer().restarts
+        for r in restarts[self._restarts_seen :]:
+            self.metrics.restart(r, label_parts(r.unit))
+            self.journal.add(restart_entry(r, self.boot, self._clock_offset()))
+        self._restarts_seen = len(restarts)
+        self.journal.flush()
+        self.metrics.expire(self._alive)
+        self.metrics.state(
+            lost=self._lost,
+            unwritten=self.segments.unwritten + self.journal.unwritten + self.journal.held,
+            disk=self.state.used(),
+            incidents=len(self.state.incident_files()),
+        )
+
+    def _alive(self, unit: str) -> bool:
+        path = self._unit_paths.get(unit)
+        if path is None or self.layout.memory_root is None:
+            return False
+        return os.path.isdir(under(self.layout.memory_root, path))
+
+    def _reload(self) -> None:
+        self.journal.reopen()
+        self._evicted(self.state.enforce(self.config.max_disk, keep=self.segments.current))
+        self._note("reloaded: journal reopened, disk budget applied")
+
+    def _evicted(self, evicted: Sequence[Evicted]) -> None:
+        for e in evicted:
+            if e.kind == "incident":
+                self._note(
+                    f"evicted incident {os.path.basename(e.path)} ({e.size} bytes): over --max-disk"
+                )
+
+    def _cut(self, incident: str, path: str | None, error: str | None) -> None:
+        if error is not None:
+            self._note(f"incident {incident} could not be kept: {error}")
+
+    def _note(self, text: str) -> None:
+        print(f"whyrestart agent: {field(text)}", file=sys.stderr, flush=True)
+
+
+class _Housekeeping:
+    """The agent's timer, as the last sink: restarts, metrics, the journal's retries."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+
+    def write(self, events: Sequence[Event]) -> None:
+        self.agent._housekeeping()
+
+    def close(self, footer: TraceFooter, complete: bool) -> None:
+        self.agent._housekeeping(force=True)
+
+
+def _stdout(data: bytes) -> None:
+    sys.stdout.buffer.write(data)
+    sys.stdout.buffer.flush()  # a log pipeline reads each line as it comes
