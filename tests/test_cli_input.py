@@ -103,12 +103,13 @@ OPTIONS: dict[str, dict[str, Any]] = {
     "record": {
         "-o": OUTPUT_PATHS, "--pid": INTS, "--cgroup": CGROUPS, "--container": TEXT, "--unit": TEXT,
         "--pod": TEXT, "--probe": URLS, "--probe-interval": DURATIONS,
-        "--probe-timeout": DURATIONS, "--supervisor": INTS, "--duration": DURATIONS,
+        "--probe-timeout": DURATIONS, "--probe-failures": INTS, "--supervisor": INTS,
+        "--duration": DURATIONS,
     },
     "tail": {
         "--pid": INTS, "--cgroup": CGROUPS, "--container": TEXT, "--unit": TEXT, "--pod": TEXT,
         "--probe": URLS, "--probe-interval": DURATIONS, "--probe-timeout": DURATIONS,
-        "--supervisor": INTS, "--duration": DURATIONS,
+        "--probe-failures": INTS, "--supervisor": INTS, "--duration": DURATIONS,
     },
     "repro": {
         "--memory-max": SIZES, "--memory-high": SIZES, "--probe-timeout": SIZES | DURATIONS,
@@ -120,6 +121,17 @@ OPTIONS: dict[str, dict[str, Any]] = {
     "explain": {"TRACE": PATHS, "--pid": INTS, "--unit": TEXT},
     "report": {"TRACE": PATHS, "-o": OUTPUT_PATHS, "--png": OUTPUT_PATHS},
     "export": {"TRACE": PATHS, "-o": OUTPUT_PATHS, "--format": TEXT},
+    "postmortem": {
+        "--container": TEXT, "--unit": TEXT, "--pod": TEXT, "--cgroup": CGROUPS, "--pid": INTS,
+        "--since": DURATIONS,
+    },
+    "agent": {
+        "--state-dir": OUTPUT_PATHS, "--max-disk": SIZES, "--metrics-addr": URLS | TEXT,
+        "--log-format": TEXT, "--retain": DURATIONS, "--series-ttl": DURATIONS,
+    },
+    "history": {
+        "--state-dir": PATHS, "--since": DURATIONS, "--unit": TEXT, "--cause": TEXT,
+    },
 }  # fmt: skip
 
 
@@ -145,6 +157,17 @@ def _argv(command: str, option: str, value: str) -> list[str]:
         )
         out = [] if option == "--out-dir" else ["--out-dir", fresh]
         return [command, *vary, *probe, *out, option, value, "--", "true"]
+    if command == "postmortem":
+        return (
+            [command, option, value]
+            if option != "--since"
+            else [command, "--pid", "1", option, value]
+        )
+    if command in ("agent", "history"):
+        if command == "history":
+            os.mkdir(fresh)  # an agent's (empty) state directory
+        state = [] if option == "--state-dir" else ["--state-dir", fresh]
+        return [command, *state, option, value]
     trace = value if option == "TRACE" else _TRACE_COPY
     rest = [] if option == "TRACE" else [option, value]
     if command == "report" and option != "-o":
@@ -165,6 +188,8 @@ def _stubbed() -> Iterator[None]:
     with (
         mock.patch("tracer.record.Recorder.run", reached),
         mock.patch("tracer.repro.Experiment.run", reached),
+        mock.patch("tracer.agent.run.Agent", reached),
+        mock.patch("tracer.postmortem.gather.gather", reached),
         # the report's charts take seconds; its writing (what is tested here) is kept
         mock.patch("tracer.outputs.report.render_html", lambda *_a: "<html></html>\n"),
         mock.patch("tracer.outputs.report._figures", lambda _t: [("x", 1.0, lambda _s: None)]),
@@ -187,10 +212,10 @@ def _check(command: str, option: str, value: str) -> None:
         return
     err = r.stderr
     assert err.startswith(("whyrestart: ", "Usage: ")), (argv, err)
-    if r.exit_code == 2 and option != "TRACE" and "Usage: " in err:
-        # click's refusal of a value names the option ("Invalid value for '--x'")
-        names = re.findall(r"'(-[-\w]+)'", err)
-        assert option in names, (argv, err)
+    if r.exit_code == 2 and option != "TRACE":
+        # a refusal names the option: click's ("Invalid value for '--x'") and ours
+        names = re.findall(r"(?<![\w-])(-{1,2}[a-z][-a-z]*)", err)
+        assert option in names or (option == "-o" and "--output" in names), (argv, err)
 
 
 @pytest.mark.parametrize(
@@ -332,3 +357,16 @@ def test_repro_out_dir_is_made_like_record_makes_its_file() -> None:
     _make_out_dir(made)
     assert os.path.isdir(made)
     _make_out_dir(made)  # an existing directory without run traces is reused
+
+
+def test_the_property_covers_every_option_of_every_subcommand() -> None:
+    """A new subcommand or option joins the property test, or this fails."""
+    import click
+
+    for name, cmd in main.commands.items():
+        wanted = {
+            "TRACE" if isinstance(p, click.Argument) else p.opts[0]
+            for p in cmd.params
+            if not (isinstance(p, click.Option) and p.is_flag) and p.name not in ("help", "command")
+        }
+        assert wanted == set(OPTIONS.get(name, {})), name
