@@ -191,6 +191,17 @@ def _gpu_checks(memcg_v1: bool, facts: dict[str, Any]) -> list[Check]:
             required=False,
         ),
         Check(
+            "gpu:hold",
+            info.get("hold") == "ready",
+            f"first-call hold of processes opening an unprobed libcuda: {info.get('hold')}; "
+            f"holds shared with other recorders: {info.get('hold_peers')}",
+            ""
+            if info.get("hold") == "ready"
+            else "optional: without it a program that loads "
+            "libcuda from elsewhere and fails at once can be missed",
+            required=False,
+        ),
+        Check(
             "nvml",
             "absent" not in nvml,
             f"NVML: {nvml}",
