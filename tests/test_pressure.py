@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+from typing import Any
 
 from tests.streams import MiB, cgroup, killed, oom, t
 from tracer.analysis.pressure import MAX_STALL_LINES, PressureFeed, TailLine
@@ -174,3 +175,43 @@ def test_stall_time_counts_each_kernel_summary_whole() -> None:
     assert stall_total_ns(sums, 1_400, 1_400) == 2_130  # inside the second interval: all of it
     assert stall_total_ns(sums, 0, 10_000) == 5 + 2_130 + 7  # kswapd is nobody's stall
     assert stall_total_ns(sums, 3_001, 10_000) == 0
+
+
+def _verdict(at: float, pid: int, code: int = 0, main: bool = False) -> Any:
+    from tracer.analysis.verdicts import Verdict
+
+    return Verdict(
+        ts=t(at), pid=pid, comm="cat", cause="app_exit", confidence="high",
+        summary=f"exited on its own with code {code}", advice="", evidence=(), main=main,
+        exit_code=code, signal=None, unit="/job",
+    )  # fmt: skip
+
+
+def test_routine_clean_exits_are_folded() -> None:
+    """Issue 22 finding 6: with --cgroup every code-0 exit of cat/date got its own line (60+ in
+    4 s around one OOM line). Three per unit and window, then one line for the rest; a failure
+    and the unit's main process are always shown."""
+    feed = PressureFeed(lambda _cid: None)
+    out: list[TailLine] = []
+    for i in range(60):
+        out += feed.feed(None, [_verdict(1.0 + i * 0.01, 100 + i)])
+    out += feed.feed(None, [_verdict(1.7, 300, code=1), _verdict(1.8, 301, main=True)])
+    out += feed.feed(stall(3.5, 20))  # the window closes
+    texts = [line.text for line in out]
+    assert sum(x.startswith("exit    pid 1") for x in texts) == 3
+    assert (
+        "exit    pid 300 (cat) [/job, child]: app_exit (high) - exited on its own with code 1"
+        in (texts)
+    )
+    assert any(x.startswith("exit    pid 301 (cat) [/job]") for x in texts)
+    assert texts.count("exits   57 more clean exits (code 0) in /job over 2.0 s") == 1
+
+
+def test_a_late_line_says_so() -> None:
+    """Finding 6: a verdict (final only once the kernel log had its time) came ~1 s after newer
+    lines, silently out of time order."""
+    feed = PressureFeed(lambda _cid: "/x")
+    first = feed.feed(stall(5.0, 20))
+    late = feed.feed(None, [_verdict(4.0, 7, code=2)])
+    assert [line.text.endswith("late)") for line in first] == [False]
+    assert late[0].text.endswith("exited on its own with code 2 (shown 1.0 s late)")

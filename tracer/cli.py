@@ -441,14 +441,19 @@ def tail(as_json: bool, command: tuple[str, ...], **kw: Any) -> None:
 
     feed = PressureFeed(path_of)
 
+    last = [0]  # the newest event's time: open storm windows close there at the end
+
     def on_event(ev: Event | None, verdicts: list[Verdict]) -> None:
         if not clock and rec.header is not None:
             clock.append(Clock(rec.header.started_ns, rec.header.clock_offset_ns))
+        if ev is not None:
+            last[0] = max(last[0], ev.ts)
         show(feed.feed(ev, verdicts))
 
     rec = Recorder(None, targets, duration=kw["duration"], on_event=on_event)
     result = rec.run()
-    show(feed.flush(result.header.started_ns if not clock else clock[0].start_ns))
+    # (as replay --tail closes them: at the last event, not at the start of the recording)
+    show(feed.flush(max(last[0], result.header.started_ns)))
     for w in result.warnings:
         _warn(w)
     sys.exit(result.exit_code)

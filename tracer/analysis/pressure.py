@@ -4,8 +4,12 @@ Fed events in time order (and the verdict an exit produced), it returns the line
 OOM kills, exits with their verdicts, long stalls, usage crossing 90% of the effective limit,
 PSI over thresholds, memory.high throttling, lost events. Storms are folded: per cgroup and
 kind, at most ``MAX_STALL_LINES`` single-stall lines per window, and a summary line per window
-("312 reclaim stalls, 4.1 s total, in /x over 2.0 s") once the window closes. ``replay --tail``
-runs the same code on a trace, so it shows exactly what ``tail`` showed.
+("312 reclaim stalls, 4.1 s total, in /x over 2.0 s") once the window closes. Routine clean
+exits (code 0, not a unit's main process) are folded the same way, per unit: at most
+``MAX_CLEAN_LINES`` per window, then one "N more clean exits" line. A line older than one
+already shown (a verdict is final only once the kernel log had its time to arrive) says how late
+it is, so the stream never silently goes back in time. ``replay --tail`` runs the same code on a
+trace, so it shows exactly what ``tail`` showed.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ INFO, WARN, CRIT = "info", "warn", "crit"
 
 WINDOW_NS = 2_000_000_000
 MAX_STALL_LINES = 3  # single-stall lines per cgroup/kind/window before folding into a summary
+MAX_CLEAN_LINES = 3  # clean-exit lines per unit/window before folding
 SUMMARY_MIN_STALLS = 100  # a window with fewer stalls and little stall time stays quiet
 SUMMARY_MIN_NS = 100_000_000
 USAGE_WARN = 0.90
@@ -65,6 +70,18 @@ class PressureFeed:
     _usage_high: set[int] = field(default_factory=set)
     _psi_high: set[tuple[int, str]] = field(default_factory=set)
     _high_events: dict[int, int] = field(default_factory=dict)
+    _clean: dict[str, _Window] = field(default_factory=dict)  # unit -> its clean exits
+    _newest: int = 0  # the newest line shown so far
+
+    def _mark_late(self, lines: list[TailLine]) -> list[TailLine]:
+        out = []
+        for line in lines:
+            if line.ts < self._newest:
+                late = fmt_duration(self._newest - line.ts)
+                line = TailLine(line.ts, line.severity, f"{line.text} (shown {late} late)")
+            self._newest = max(self._newest, line.ts)
+            out.append(line)
+        return out
 
     def _name(self, cgroup_id: int) -> str:
         if cgroup_id == 0:
@@ -74,9 +91,15 @@ class PressureFeed:
     def feed(self, ev: Event | None, verdicts: Sequence[Verdict] = ()) -> list[TailLine]:
         """Lines for one event and for the verdicts that became final with it (``ev`` None:
         verdicts reached at the end of the stream)."""
+        return self._mark_late(self._feed(ev, verdicts))
+
+    def _feed(self, ev: Event | None, verdicts: Sequence[Verdict]) -> list[TailLine]:
         out = self._close_windows(ev.ts) if ev is not None else []
         for v in verdicts:
-            sev = INFO if v.cause == "app_exit" and v.exit_code == 0 else CRIT
+            clean = v.cause == "app_exit" and v.exit_code == 0
+            sev = INFO if clean else CRIT
+            if clean and not v.main and self._fold_clean(v):
+                continue
             unit = f" [{v.unit}{'' if v.main else ', child'}]" if v.unit else ""
             out.append(
                 TailLine(
@@ -117,7 +140,19 @@ class PressureFeed:
 
     def flush(self, ts: int) -> list[TailLine]:
         """Close every open window (end of the stream)."""
-        return self._close_windows(ts, force=True)
+        return self._mark_late(self._close_windows(ts, force=True))
+
+    def _fold_clean(self, v: Verdict) -> bool:
+        """Count a routine clean exit; True when its line is folded into the window's."""
+        unit = v.unit or ""
+        w = self._clean.get(unit)
+        if w is None:
+            w = self._clean[unit] = _Window(start=v.ts)
+        w.lines += 1
+        if w.lines <= MAX_CLEAN_LINES:
+            return False
+        w.count += 1
+        return True
 
     # -- storms ----------------------------------------------------------------------------
 
@@ -152,6 +187,21 @@ class PressureFeed:
 
     def _close_windows(self, ts: int, force: bool = False) -> list[TailLine]:
         out = []
+        for unit in sorted(self._clean):
+            c = self._clean[unit]
+            if not force and ts - c.start < WINDOW_NS:
+                continue
+            del self._clean[unit]
+            if c.count:
+                span = max(ts - c.start, 1) if force else WINDOW_NS
+                out.append(
+                    TailLine(
+                        ts,
+                        INFO,
+                        f"exits   {c.count} more clean exits (code 0) in {unit or 'no unit'} "
+                        f"over {span / 1e9:.1f} s",
+                    )
+                )
         for key in sorted(self._windows):
             w = self._windows[key]
             if not force and ts - w.start < WINDOW_NS:
