@@ -143,6 +143,9 @@ struct wr_config {
 	__u64 stall_threshold_ns; /* stalls at least this long are sent one by one */
 	__u32 follow_cgroups;     /* 1: report cgroup_mkdir in hierarchy_id */
 	__u32 hierarchy_id;       /* the tracked hierarchy (v1 memory's id; 0 = cgroup v2) */
+	__u32 agent_filter; /* 1 (the agent): clean exits and execs inside a unit are counted per
+			     * cgroup in clean_exits, not sent */
+	__u32 _pad;
 };
 
 /* ---------------------------------------------------------------------------------------- */

@@ -260,6 +260,38 @@ struct {
 	__type(value, __u8);
 } exits_sent SEC(".maps");
 
+/* The agent's kernel-side filter (cfg.agent_filter). What can change a verdict is sent in full:
+ * every exit by a signal or a non-zero code, every exit and exec of a unit's main process (a
+ * process whose memory cgroup differs from its parent's: runc, conmon, containerd-shim and
+ * systemd start a container's or service's first program from outside its cgroup), fatal
+ * signals, OOM kills and reclaim. A clean exit of any other process (the scripts, compilers and
+ * health checks a host runs by the thousand) is only counted per cgroup here, and an exec inside
+ * a unit is not sent: at 1,000 clean exits a second the agent then wakes to nothing. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u64);   /* cgroup id */
+	__type(value, __u64); /* clean exits counted, never reset (user space takes deltas) */
+} clean_exits SEC(".maps");
+
+static __always_inline bool starts_unit(struct task_struct *task)
+{
+	struct task_struct *parent = BPF_CORE_READ(task, real_parent);
+
+	return !parent || cgroup_id_of(task_cgroup(task)) != cgroup_id_of(task_cgroup(parent));
+}
+
+static __always_inline void count_clean_exit(struct task_struct *task)
+{
+	__u64 id = cgroup_id_of(task_cgroup(task));
+	__u64 one = 1, *n = bpf_map_lookup_elem(&clean_exits, &id);
+
+	if (n)
+		__sync_fetch_and_add(n, 1);
+	else
+		bpf_map_update_elem(&clean_exits, &id, &one, BPF_NOEXIST);
+}
+
 /* group_dead: 1 or 0 from the tracepoint, -1 where the kernel does not pass it. */
 static __always_inline int handle_exit(struct task_struct *task, int group_dead, __u16 rung)
 {
@@ -267,7 +299,7 @@ static __always_inline int handle_exit(struct task_struct *task, int group_dead,
 	struct wr_exit *e;
 	__u32 tgid = BPF_CORE_READ(task, tgid);
 	__u64 start;
-	__u32 flags;
+	__u32 flags, code;
 
 	if (!cfg.filter_all && BPF_CORE_READ(task, pid) != tgid) {
 		__u32 tid = BPF_CORE_READ(task, pid);
@@ -290,6 +322,15 @@ static __always_inline int handle_exit(struct task_struct *task, int group_dead,
 			return 0;
 	}
 	bpf_map_delete_elem(&watched_pids, &tgid);
+	flags = BPF_CORE_READ(task, signal, flags);
+	if (flags & WR_SIGNAL_GROUP_EXIT)
+		code = BPF_CORE_READ(task, signal, group_exit_code);
+	else
+		code = BPF_CORE_READ(leader, exit_code);
+	if (cfg.agent_filter && code == 0 && !starts_unit(leader)) {
+		count_clean_exit(leader);
+		return 0;
+	}
 
 	e = reserve(sizeof(*e));
 	if (!e)
@@ -297,11 +338,7 @@ static __always_inline int handle_exit(struct task_struct *task, int group_dead,
 	fill_hdr(&e->h, WR_EV_EXIT, sizeof(*e), rung, task);
 	e->h.pid = tgid;
 	BPF_CORE_READ_STR_INTO(&e->h.comm, leader, comm);
-	flags = BPF_CORE_READ(task, signal, flags);
-	if (flags & WR_SIGNAL_GROUP_EXIT)
-		e->exit_code = BPF_CORE_READ(task, signal, group_exit_code);
-	else
-		e->exit_code = BPF_CORE_READ(leader, exit_code);
+	e->exit_code = code;
 	e->ppid = BPF_CORE_READ(leader, real_parent, tgid);
 	e->start_ns = start;
 	bpf_ringbuf_submit(e, BPF_RB_NO_WAKEUP);
@@ -645,6 +682,8 @@ static __always_inline int handle_exec(struct task_struct *task, struct linux_bi
 	struct wr_exec *e;
 
 	if (tgid == cfg.self_tgid || !is_watched(task, tgid))
+		return 0;
+	if (cfg.agent_filter && !starts_unit(task))
 		return 0;
 	e = reserve(sizeof(*e));
 	if (!e)

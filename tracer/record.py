@@ -201,10 +201,14 @@ class Recorder:
         sources: Sequence[Source] = (),
         sinks: Sequence[Sink] = (),
         reload: Callable[[], None] | None = None,
+        agent_filter: bool = False,
     ) -> None:
         self.overwrite = overwrite
         # SIGHUP: with ``reload`` (the agent), call it from the loop instead of stopping
         self.reload = reload
+        # the agent's kernel-side filter (bpf/whyrestart.bpf.c: clean exits counted, not sent)
+        self.agent_filter = agent_filter
+        self.kernel: hooks.KernelHooks | None = None
         self._reload_pending = False
         self._guard: selfguard.Guard | None = None
         self.sample_interval_ns = sample_interval_ns
@@ -279,8 +283,9 @@ class Recorder:
             stall_threshold_ns=self.stall_threshold_ns,
             follow_cgroups=int(self.follower.following),
             hierarchy_id=memory_hierarchy_id(cg_layout),
+            agent_filter=int(self.agent_filter),
         )
-        kernel = hooks.KernelHooks(config)
+        kernel = self.kernel = hooks.KernelHooks(config)
         try:
             return self._run(kernel, resolver, cg_layout, cgroup_ids)
         finally:
@@ -450,7 +455,12 @@ class Recorder:
             hooks=parts.hooks,
             targets=self.targets.describe(),
             started_ns=boottime_ns(),
-            extra={**parts.extra, "self_protection": self._guard.applied if self._guard else {}},
+            extra={
+                **parts.extra,
+                "self_protection": self._guard.applied if self._guard else {},
+                # (a trace of the agent's filter holds no clean exit of a unit's helpers)
+                **({"agent_filter": True} if self.agent_filter else {}),
+            },
         )
 
     def _footer(

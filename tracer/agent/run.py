@@ -34,7 +34,7 @@ from tracer.errors import UsageError
 from tracer.events import CgroupInfo, Event, Lost, ReclaimStall, ReclaimSummary
 from tracer.record import Recorder, Targets
 from tracer.safetext import field
-from tracer.sources.cgroupfs import CgroupLayout, under
+from tracer.sources.cgroupfs import CgroupLayout, CgroupResolver, under
 from tracer.trace.format import TraceFooter
 
 HOUSEKEEPING_S = 5.0
@@ -86,6 +86,8 @@ class Agent:
         self._lost = 0
         self._next_housekeeping = 0.0
         self._ready = False
+        self._clean_seen: dict[int, int] = {}  # cgroup id -> clean exits already counted
+        self.resolver = CgroupResolver(self.layout)
 
     # -- the run ----------------------------------------------------------------------------
 
@@ -120,6 +122,7 @@ class Agent:
                 sinks=[self.segments, self.incidents, _Housekeeping(self)],
                 reload=self._reload,
                 status=self._status,
+                agent_filter=True,
             )
             self.recorder.run()
         finally:
@@ -213,6 +216,7 @@ class Agent:
             self.metrics.restart(r, label_parts(r.unit))
             self.journal.add(restart_entry(r, self.boot, self._clock_offset()))
         self._restarts_seen = len(restarts)
+        self._clean_exits()
         self.journal.flush()
         self.metrics.expire(self._alive)
         self.metrics.state(
@@ -221,6 +225,23 @@ class Agent:
             disk=self.state.used(),
             incidents=len(self.state.incident_files()),
         )
+
+    def _clean_exits(self) -> None:
+        """The clean exits the kernel counted instead of sending, by the unit of their cgroup."""
+        kernel = self.recorder.kernel if self.recorder else None
+        if kernel is None:
+            return
+        counts = kernel.clean_exit_counts()
+        for cid, total in counts.items():
+            before = self._clean_seen.get(cid, 0)
+            delta = total - before if total >= before else total  # (the LRU dropped it)
+            self._clean_seen[cid] = total
+            if delta:
+                unit = self._analyzer().unit_of_cgroup(cid, self.resolver.path_of(cid))
+                self.metrics.clean_exits(label_parts(unit.label if unit else None), delta)
+        if len(self._clean_seen) > len(counts):
+            # the kernel's map dropped them (LRU): so do we, and stay as small as it is
+            self._clean_seen = {c: n for c, n in self._clean_seen.items() if c in counts}
 
     def _alive(self, unit: str) -> bool:
         path = self._unit_paths.get(unit)

@@ -137,6 +137,7 @@ class KernelHooks:
         self.lost: Map = self.obj.map("lost")
         self.reclaim_stats: Map = self.obj.map("reclaim_stats")
         self.pressure_counters: Map = self.obj.map("pressure_counters")
+        self.clean_exits: Map = self.obj.map("clean_exits")
 
     # -- loading ----------------------------------------------------------------------------
 
@@ -280,6 +281,17 @@ class KernelHooks:
             if self.reclaim_stats.pop(key, stats):
                 assert isinstance(key, layout.WrReclaimKey)
                 out.append((int(key.cgroup_id), int(key.kind), stats))
+        return out
+
+    def clean_exit_counts(self) -> dict[int, int]:
+        """cgroup id -> clean exits the agent filter counted there instead of sending them
+        (running totals: the caller takes deltas; an entry the LRU dropped starts again)."""
+        out: dict[int, int] = {}
+        for key in self.clean_exits.keys(layout.CgroupKey):
+            assert isinstance(key, layout.CgroupKey)
+            value = ctypes.c_uint64()
+            if self.clean_exits.lookup(key, value):
+                out[int(key.id)] = int(value.value)
         return out
 
     def kswapd_wakeups(self) -> int:

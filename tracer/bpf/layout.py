@@ -119,7 +119,15 @@ class WrConfig(ctypes.Structure):
         ("stall_threshold_ns", u64),
         ("follow_cgroups", u32),
         ("hierarchy_id", u32),
+        ("agent_filter", u32),
+        ("_pad", u32),
     ]
+
+
+class CgroupKey(ctypes.Structure):
+    """A map key that is a cgroup id (clean_exits)."""
+
+    _fields_ = [("id", u64)]
 
 
 # --- GPU: bpf/gpu.bpf.c, a separate object (its records share WrHdr) --------------------------
