@@ -251,7 +251,7 @@ def test_a_multithreaded_process_oom_killed_in_a_worker_is_one_cgroup_oom(
     ("mode", "sig", "summary"),
     [
         ("segv", signal.SIGSEGV, "crashed with SIGSEGV (core dumped)"),
-        ("abort", signal.SIGABRT, "killed itself with SIGABRT (core dumped)"),
+        ("abort", signal.SIGABRT, "aborted itself with SIGABRT (core dumped)"),
     ],
 )
 def test_a_worker_that_crashes_with_a_core_dump_is_one_crash_of_the_program(
