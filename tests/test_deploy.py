@@ -1,0 +1,104 @@
+"""The agent's deployment files, checked offline: the DaemonSet against Kubernetes' own schemas
+(kubernetes-validate, strict), the systemd unit with systemd-analyze, and both against the CLI
+they start (every option they pass is one `whyrestart agent` takes)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tracer.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+DAEMONSET = ROOT / "deploy" / "daemonset.yaml"
+UNIT = ROOT / "deploy" / "whyrestart.service"
+
+
+def _docs() -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(DAEMONSET.read_text()) if d]
+
+
+def _agent_args(args: list[str]) -> None:
+    """Parse ``args`` as the CLI would (click raises on an unknown option or a bad value)."""
+    assert args[0] == "agent"
+    cmd = main.get_command(None, "agent")  # type: ignore[arg-type]
+    assert cmd is not None
+    cmd.make_context("agent", list(args[1:]))
+
+
+def test_daemonset_validates_against_kubernetes_schemas() -> None:
+    res = subprocess.run(
+        ["kubernetes-validate", "--strict", str(DAEMONSET)], capture_output=True, text=True
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.count("passed") == 2
+
+
+def test_daemonset_grants_what_the_agent_reads() -> None:
+    ds = next(d for d in _docs() if d["kind"] == "DaemonSet")
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["hostPID"] is True
+    assert {"operator": "Exists"} in pod["tolerations"]
+    notes = ds["spec"]["template"]["metadata"]["annotations"]
+    assert notes["prometheus.io/scrape"] == "true" and notes["prometheus.io/port"] == "9464"
+    [c] = pod["containers"]
+    mounts = {m["mountPath"] for m in c["volumeMounts"]}
+    assert {
+        "/sys/fs/cgroup",
+        "/sys/kernel/btf",
+        "/sys/kernel/tracing",
+        "/dev/kmsg",
+        "/var/lib/whyrestart",
+    } <= mounts
+    _agent_args(c["args"])
+    assert "--metrics-addr=0.0.0.0:9464" in c["args"]
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert c["image"] == f"whyrestart:{version}"  # what scripts/build image tags
+
+
+def test_systemd_unit_starts_the_agent_with_options_it_takes() -> None:
+    text = UNIT.read_text()
+    [line] = re.findall(r"^ExecStart=(.*)$", text, re.M)
+    argv = line.split()
+    assert argv[0].endswith("/whyrestart")
+    _agent_args(argv[1:])
+    assert "ReadWritePaths=/var/lib/whyrestart" in text
+
+
+def test_systemd_unit_verifies() -> None:
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze is not installed")
+    res = subprocess.run([analyze, "verify", "--man=no", str(UNIT)], capture_output=True, text=True)
+    # (verify also checks that ExecStart's binary exists: /usr/local/bin/whyrestart is where
+    # `pip install` puts it on a host, not here)
+    problems = [
+        ln
+        for ln in (res.stdout + res.stderr).splitlines()
+        if ln.strip() and "/usr/local/bin/whyrestart" not in ln and "Command " not in ln
+    ]
+    assert problems == [], problems
+
+
+def test_alerting_rules_pass_promtool() -> None:
+    from tests.test_agent_prometheus_root import prometheus_tool
+
+    res = subprocess.run(
+        [
+            prometheus_tool("promtool"),
+            "check",
+            "rules",
+            str(ROOT / "deploy" / "prometheus-rules.yaml"),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "SUCCESS: 4 rules found" in res.stdout
