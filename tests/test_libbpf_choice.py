@@ -64,3 +64,22 @@ def test_objects_checkout_first_then_bundled(
     assert objects.default_object("x.bpf.o") == str(bundled / "x.bpf.o")  # an installed wheel
     (checkout / "x.bpf.o").write_bytes(b"")
     assert objects.default_object("x.bpf.o") == str(checkout / "x.bpf.o")  # a fresh build wins
+
+
+def test_a_second_libbpf_handle_that_is_collected_leaves_libbpf_working() -> None:
+    """libbpf's print hook is process-wide: a _Lib over the same file (as the tests above make)
+    that is garbage-collected must not leave libbpf calling freed memory at its next message
+    (this segfaulted the next bpf_object__open_file of the test run)."""
+    import gc
+
+    from tracer.bpf import hooks
+
+    if not os.path.exists(hooks.object_path()):
+        pytest.skip(f"BPF object not built ({hooks.object_path()}): run scripts/setup")
+    libbpf.lib()
+    other = libbpf._Lib(bundled=_system_libbpf())
+    del other
+    gc.collect()
+    obj = libbpf.BpfObject(hooks.object_path())  # libbpf logs while it opens
+    obj.close()
+    assert isinstance(libbpf.lib().take_log(), list)

@@ -139,14 +139,7 @@ class _Lib:
                 "install libbpf1 >= 1.0 (Debian 12 / Ubuntu 22.10 and newer ship it)",
             )
         self.version = f"{major}.{minor}"
-        self._libc = ctypes.CDLL(None)
-        self._libc.vsnprintf.argtypes = [c_char_p, c_size_t, c_char_p, c_void_p]
-        self._libc.vsnprintf.restype = c_int
-        self.log: list[str] = []
-        self._log_lock = threading.Lock()
-        # Keep a reference: a collected ctypes callback would crash libbpf.
-        self._print_cb = PRINT_FN(self._on_print)
-        d.libbpf_set_print(self._print_cb)
+        d.libbpf_set_print(_PRINT_CB)
 
     @staticmethod
     def _system() -> tuple[ctypes.CDLL, str]:
@@ -170,22 +163,40 @@ class _Lib:
         """ "1.1, bundled (PATH)" or "1.1, system (libbpf.so.1)": what doctor shows."""
         return f"{self.version}, {self.origin} ({self.path})"
 
-    def _on_print(self, level: int, fmt: bytes | None, va_list: int | None) -> int:
-        # va_list is an array type on x86-64 and arm64, so it arrives as a pointer and
-        # vsnprintf can format it.
-        if level > LIBBPF_INFO:
-            return 0  # debug lines: thousands per load, 20 ms of start-up to format them
-        buf = ctypes.create_string_buffer(2048)
-        self._libc.vsnprintf(buf, len(buf), fmt, va_list)
-        with self._log_lock:
-            self.log.append(buf.value.decode(errors="replace").rstrip())
-            del self.log[:-400]
-        return 0
-
     def take_log(self) -> list[str]:
-        with self._log_lock:
-            out, self.log = self.log, []
+        """libbpf's warnings and info lines since the last call (the print hook is the
+        process's: every libbpf loaded in it writes to the one log)."""
+        global _log
+        with _log_lock:
+            out, _log = _log, []
         return out
+
+
+# libbpf keeps the print hook in a global of the library and calls it from any later call, so
+# the hook is the process's, not a _Lib's: a callback owned by an instance would be freed with
+# it and the next libbpf call would jump into freed memory (a second _Lib over the same file,
+# as the libbpf-choice tests make, used to segfault every later bpf_object__open_file).
+_libc = ctypes.CDLL(None)
+_libc.vsnprintf.argtypes = [c_char_p, c_size_t, c_char_p, c_void_p]
+_libc.vsnprintf.restype = c_int
+_log: list[str] = []
+_log_lock = threading.Lock()
+
+
+def _on_print(level: int, fmt: bytes | None, va_list: int | None) -> int:
+    # va_list is an array type on x86-64 and arm64, so it arrives as a pointer and vsnprintf
+    # can format it.
+    if level > LIBBPF_INFO:
+        return 0  # debug lines: thousands per load, 20 ms of start-up to format them
+    buf = ctypes.create_string_buffer(2048)
+    _libc.vsnprintf(buf, len(buf), fmt, va_list)
+    with _log_lock:
+        _log.append(buf.value.decode(errors="replace").rstrip())
+        del _log[:-400]
+    return 0
+
+
+_PRINT_CB = PRINT_FN(_on_print)
 
 
 _lib: _Lib | None = None
