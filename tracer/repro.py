@@ -41,7 +41,14 @@ from typing import TYPE_CHECKING, Any
 
 from tracer import safetext
 from tracer.analysis.quantities import fmt_bytes, stall_total_ns
-from tracer.analysis.verdicts import APP_EXIT, CGROUP_OOM, GLOBAL_OOM, PROBE_KILL, Verdict
+from tracer.analysis.verdicts import (
+    APP_EXIT,
+    CGROUP_OOM,
+    GLOBAL_OOM,
+    PROBE_KILL,
+    USERSPACE_OOM,
+    Verdict,
+)
 from tracer.errors import UsageError
 
 if TYPE_CHECKING:
@@ -63,7 +70,7 @@ DEFAULT_PROBE_TIMEOUT_S = 1.0  # the kubelet's default timeoutSeconds
 
 SURVIVED, KILLED, FAILED, ERROR = "survived", "killed", "failed", "error"
 # The causes that say a run ended for memory: only these make a memory setting the answer.
-MEMORY_CAUSES = frozenset({CGROUP_OOM, GLOBAL_OOM, "userspace_oom"})
+MEMORY_CAUSES = frozenset({CGROUP_OOM, GLOBAL_OOM, USERSPACE_OOM})
 # Comparison.conclusion()'s kinds (the "conclusion" of --json)
 ALL_SURVIVED, SMALLEST_SURVIVED = "all_survived", "smallest_survived"
 NONE_SURVIVED, OTHER_REASONS, INTERRUPTED = "none_survived", "other_reasons", "interrupted"

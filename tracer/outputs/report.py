@@ -749,7 +749,7 @@ th { background: #f3f3f3; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; }
 .cause { font-weight: bold; }
 .cause-cgroup_oom, .cause-global_oom, .cause-gpu_oom, .cause-probe_kill,
-.cause-device_reset { color: #b00; }
+.cause-userspace_oom, .cause-device_reset { color: #b00; }
 .cause-signal_kill { color: #c60; }
 .cause-unknown { color: #777; }
 figure { margin: 0.5em 0; }
