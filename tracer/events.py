@@ -45,6 +45,7 @@ def decode_wait_status(status: int) -> WaitStatus:
     return WaitStatus(code=None, signal=sig, core_dumped=bool(status & 0x80))
 
 
+@functools.lru_cache(maxsize=128)  # (an Enum lookup per call; a verdict asks several times)
 def signal_name(sig: int) -> str:
     """``9`` → ``"SIGKILL"``; an unknown number stays readable (``"SIG77"``)."""
     try:
