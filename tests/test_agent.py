@@ -347,3 +347,25 @@ def test_log_line_uses_opentelemetry_names() -> None:
         a["whyrestart.cause"] == "cgroup_oom" and a["whyrestart.incident"] == "20260101T000000Z-7"
     )
     assert rec["severity_text"] == "WARN"
+
+
+def test_the_journal_rotates_and_history_reads_both_generations(tmp_path: object) -> None:
+    d = str(tmp_path)
+    path, old = os.path.join(d, "journal.jsonl"), os.path.join(d, "journal.1.jsonl")
+    j = Journal(path, old, max_bytes=4000)
+    for pid in range(1, 7):  # each entry is about 1 KB: rotates after the fourth
+        assert j.add(verdict_entry(verdict(pid=pid), BOOT, 0, None, {}))
+    j.close()
+    assert os.path.exists(old)
+    assert [e["pid"] for e in read_journal(old, path)] == [1, 2, 3, 4, 5, 6]
+    j = Journal(path, old, max_bytes=4000)  # restarted: both generations' keys are known
+    assert not j.add(verdict_entry(verdict(pid=2), BOOT, 0, None, {}))
+    j.close()
+
+
+def test_a_helpers_failure_is_counted_not_journaled() -> None:
+    crash = verdict(cause="app_exit", code=1)
+    assert notable(crash, in_unit=True)  # a unit's main process failed: a restart's cause
+    assert not notable(crash, in_unit=False)  # a host script's grep found nothing
+    assert notable(verdict(), in_unit=False)  # a kill is always worth an incident
+    assert not notable(verdict(cause="app_exit", code=0), in_unit=True)

@@ -1067,7 +1067,7 @@ def history(
             "start one with `sudo whyrestart agent`, or name its --state-dir",
         )
     try:
-        entries = read_journal(sd.journal)
+        entries = read_journal(sd.journal_old, sd.journal)
     except PermissionError:
         raise UsageError(f"cannot read {sd.journal}: permission denied", "run it as root") from None
     since_wall = time.time() - _since_seconds(since, parse_duration) if since else None

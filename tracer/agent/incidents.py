@@ -35,9 +35,16 @@ DEFAULT_AFTER_S = 30.0
 MAX_WINDOW_S = 600.0
 
 
-def notable(v: Verdict) -> bool:
-    """Worth an incident: anything but a process that ended on its own with code 0."""
-    return not (v.cause == APP_EXIT and v.exit_code == 0)
+def notable(v: Verdict, in_unit: bool = True) -> bool:
+    """Worth a journal entry and an incident: every kill (OOM, GPU, probe, signal, device,
+    unknown), and a unit's main process ending on its own with a failure (a restart's cause).
+    Not: clean exits, and the failures of helper processes (a health-check script's grep that
+    found nothing, a compiler's error), which a host runs by the thousand; those are counted in
+    whyrestart_exits_total only. ``in_unit``: the process belongs to a container or service
+    (not the host's own processes)."""
+    if v.cause != APP_EXIT:
+        return True
+    return in_unit and v.main and (v.exit_code != 0 or v.signal is not None)
 
 
 def incident_id(v: Verdict, clock_offset_ns: int) -> str:

@@ -1,11 +1,14 @@
-"""The verdict journal: every verdict and restart the agent reached, one JSON line each, in the
-state directory. It outlives the agent: `whyrestart history` reads it, with or without an agent.
+"""The verdict journal: every notable verdict and restart the agent reached, one JSON line each,
+in the state directory. It outlives the agent: `whyrestart history` reads it, with or without an
+agent.
 
-An entry's ``key`` is (boot id, pid, exit time): the agent loads the keys on start and never
-writes one twice, so a restarted agent adds no duplicates. Each line is written with a single
-``write`` on an O_APPEND descriptor and flushed at once (a SIGKILLed agent loses no verdict it
-had reached). A line that cannot be written (disk full) is held, up to ``MAX_HELD``, and written
-again with the next one; what does not fit is counted in ``unwritten``.
+The journal rotates past ``max_bytes`` (the file becomes ``journal.1.jsonl``, replacing the one
+before): history reads both. An entry's ``key`` is (boot id, pid, exit time): the agent loads
+the keys of both on start and never writes one twice, so a restarted agent adds no duplicates.
+Each line is written with a single ``write`` on an O_APPEND descriptor and flushed at once (a
+SIGKILLed agent loses no verdict it had reached). A line that cannot be written (disk full) is
+held, up to ``MAX_HELD``, and written again with the next one; what does not fit is counted in
+``unwritten``.
 
 `parse_lines` and `select` are pure: history's reading and filtering, tested without files.
 """
@@ -110,8 +113,10 @@ def select(
 
 
 class Journal:
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, old_path: str | None = None, max_bytes: int = 64 << 20) -> None:
         self.path = path
+        self.old_path = old_path
+        self.max_bytes = max_bytes
         self.keys: set[str] = set()
         self.unwritten = 0
         self.written = 0
@@ -124,8 +129,9 @@ class Journal:
             # a line torn by a crash: cut it off, or the next entry would be glued to it
             data = data[: data.rfind(b"\n") + 1]
             os.truncate(path, len(data))
-        for entry in parse_lines(data.splitlines()):
+        for entry in [*read_journal(old_path or ""), *parse_lines(data.splitlines())]:
             self.keys.add(str(entry["key"]))
+        self._size = len(data)
         self._fd: int | None = None
         self.reopen()
 
@@ -168,6 +174,19 @@ class Journal:
                 return
             self._held.pop(0)
             self.written += 1
+            self._size += n
+            if self._size >= self.max_bytes and self.old_path is not None:
+                self._rotate()
+
+    def _rotate(self) -> None:
+        """This file becomes the previous generation; the keys of the one it replaces go."""
+        try:
+            os.replace(self.path, self.old_path or "")
+        except OSError:
+            return
+        self.keys = {str(e["key"]) for e in read_journal(self.old_path or "")}
+        self._size = 0
+        self.reopen()
 
     @property
     def held(self) -> int:
@@ -182,9 +201,13 @@ class Journal:
             self._fd = None
 
 
-def read_journal(path: str) -> list[dict[str, Any]]:
-    try:
-        with open(path, "rb") as f:
-            return list(parse_lines(f))
-    except FileNotFoundError:
-        return []
+def read_journal(*paths: str) -> list[dict[str, Any]]:
+    """The entries of the journal files given (oldest generation first)."""
+    out: list[dict[str, Any]] = []
+    for path in paths:
+        try:
+            with open(path, "rb") as f:
+                out += parse_lines(f)
+        except FileNotFoundError:
+            continue
+    return out

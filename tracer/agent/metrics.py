@@ -78,6 +78,12 @@ class Metrics:
         )
         self.disk = Gauge("whyrestart_disk_used_bytes", "State directory bytes used", registry=reg)
         self.incidents = Gauge("whyrestart_incidents", "Incidents kept on disk", registry=reg)
+        self.evicted = Counter(
+            "whyrestart_evicted_files",
+            "Segments and incidents removed to stay within --max-disk or --retain",
+            ["kind"],
+            registry=reg,
+        )
         self._seen: dict[tuple[str, ...], float] = {}  # unit labels -> last update
         # unit labels -> the (metric, full label values) children made for it, to remove them
         self._children: dict[tuple[str, ...], set[tuple[Counter, tuple[str, ...]]]] = {}

@@ -98,7 +98,9 @@ class Agent:
         try:
             if addr is not None:
                 self._serve(addr)
-            self.journal = Journal(self.state.journal)
+            self.journal = Journal(
+                self.state.journal, self.state.journal_old, max(1 << 20, cfg.max_disk // 16)
+            )
             self.segments = SegmentSink(
                 self.state,
                 lambda: self.recorder.header if self.recorder else None,
@@ -179,7 +181,7 @@ class Agent:
     def _verdict(self, v: Verdict) -> None:
         labels = label_parts(v.unit)
         self.metrics.verdict(v, labels)
-        if not notable(v):
+        if not notable(v, labels["unit"] != ""):
             return
         incident = self.incidents.add(v)
         self.journal.add(verdict_entry(v, self.boot, self._clock_offset(), incident, labels))
@@ -218,6 +220,8 @@ class Agent:
         self._restarts_seen = len(restarts)
         self._clean_exits()
         self.journal.flush()
+        # (incidents are written between rotations: the budget is applied here too)
+        self._evicted(self.state.enforce(self.config.max_disk, keep=self.segments.current))
         self.metrics.expire(self._alive)
         self.metrics.state(
             lost=self._lost,
@@ -256,6 +260,7 @@ class Agent:
 
     def _evicted(self, evicted: Sequence[Evicted]) -> None:
         for e in evicted:
+            self.metrics.evicted.labels(e.kind).inc()
             if e.kind == "incident":
                 self._note(
                     f"evicted incident {os.path.basename(e.path)} ({e.size} bytes): over --max-disk"

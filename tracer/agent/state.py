@@ -5,12 +5,13 @@ Layout under ``--state-dir`` (default /var/lib/whyrestart):
   lock                 flock()ed by the running agent; holds its pid
   segments/            seg-<boot>-<first ts>.trace[.zst]: the recent ring, oldest first
   incidents/           <id>.trace[.zst]: one evidence window per notable verdict
-  journal.jsonl        verdicts and restarts (tracer.agent.journal)
+  journal.jsonl        verdicts and restarts (tracer.agent.journal), and journal.1.jsonl, the
+                       generation before (the journal rotates at a sixteenth of the budget)
 
-The budget (``--max-disk``) counts segments and incidents. Over it, the oldest segments go
-first (the ring is a cache of the recent past) and incidents only when no segment is left to
-evict (they are what someone will ask about). The journal is small (a line per verdict) and is
-never evicted. Every eviction is said, with what it freed.
+The budget (``--max-disk``) counts everything here. Over it, the oldest segments go first (the
+ring is a cache of the recent past) and incidents only when no segment is left to evict (they
+are what someone will ask about); the journal bounds itself by rotating. Every eviction is
+counted (whyrestart_evicted_files_total) and an evicted incident is said.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ STATE_DIR_ENV = "WHYRESTART_STATE_DIR"
 SEGMENTS = "segments"
 INCIDENTS = "incidents"
 JOURNAL = "journal.jsonl"
+JOURNAL_OLD = "journal.1.jsonl"  # the previous generation, after a rotation
 LOCK = "lock"
 
 
@@ -71,6 +73,7 @@ class StateDir:
         self.segments = os.path.join(self.path, SEGMENTS)
         self.incidents = os.path.join(self.path, INCIDENTS)
         self.journal = os.path.join(self.path, JOURNAL)
+        self.journal_old = os.path.join(self.path, JOURNAL_OLD)
         self._lock_fd: int | None = None
 
     @classmethod
@@ -119,10 +122,19 @@ class StateDir:
     def incident_files(self) -> list[tuple[str, int, float]]:
         return _files(self.incidents)
 
+    def journal_bytes(self) -> int:
+        total = 0
+        for path in (self.journal, self.journal_old):
+            with contextlib.suppress(OSError):
+                total += os.path.getsize(path)
+        return total
+
     def used(self) -> int:
-        """Bytes the budget counts: segments and incidents."""
-        return sum(s for _, s, _ in self.segment_files()) + sum(
-            s for _, s, _ in self.incident_files()
+        """Bytes the budget counts: segments, incidents and the journal."""
+        return (
+            sum(s for _, s, _ in self.segment_files())
+            + sum(s for _, s, _ in self.incident_files())
+            + self.journal_bytes()
         )
 
     def enforce(self, max_bytes: int, keep: str | None = None) -> list[Evicted]:
@@ -130,7 +142,7 @@ class StateDir:
         the one being written), then the oldest incidents."""
         segs = [f for f in self.segment_files() if f[0] != keep]
         incs = self.incident_files()
-        used = sum(s for _, s, _ in segs) + sum(s for _, s, _ in incs)
+        used = sum(s for _, s, _ in segs) + sum(s for _, s, _ in incs) + self.journal_bytes()
         if keep is not None:
             with contextlib.suppress(OSError):
                 used += os.path.getsize(keep)

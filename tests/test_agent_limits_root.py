@@ -1,0 +1,126 @@
+"""Tier 3 (root): the agent within its bounds. The disk budget holds under a storm of failing
+processes; a state dir on a full disk costs records (counted), never the agent, and writing
+resumes when space returns; hundreds of short-lived cgroups leave neither series nor memory
+behind."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.test_agent_root import AgentProc, until
+from tracer.agent.state import StateDir
+from tracer.sources.cgroupfs import CgroupLayout, ChildCgroup, own_memory_cgroup
+
+pytestmark = pytest.mark.root
+
+MiB = 1024 * 1024
+
+
+def metric(text: str, name: str) -> float:
+    """The sum of every series of ``name`` in an exposition."""
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name) and line[len(name) : len(name) + 1] in ("{", " ")
+    )
+
+
+def failing_storm(n: int) -> None:
+    """``n`` processes that exit 1 (each one a verdict, forwarded by the kernel filter)."""
+    subprocess.run(
+        ["sh", "-c", f"i=0; while [ $i -lt {n} ]; do /bin/false; i=$((i+1)); done"], check=False
+    )
+
+
+def test_the_disk_budget_holds_under_a_storm_of_failures(tmp_path: Path) -> None:
+    budget = 1 * MiB
+    state = tmp_path / "state"
+    agent = AgentProc(state, "--max-disk", str(budget), "--log-format", "none")
+    peak = 0
+    try:
+        agent.wait_ready()
+        for _ in range(8):
+            failing_storm(3000)
+            peak = max(peak, StateDir(str(state)).used())
+        until(lambda: metric(agent.metrics(), "whyrestart_evicted_files_total") > 0, timeout=60)
+        text = agent.metrics()
+        assert agent.stop()[0] == 0
+    finally:
+        if agent.proc.poll() is None:
+            agent.proc.kill()
+    used = StateDir(str(state)).used()
+    # the budget is applied at each rotation, and a segment rotates at an eighth of it
+    assert peak <= budget * 1.25, (peak, budget)
+    assert used <= budget * 1.25, (used, budget)
+    assert metric(text, "whyrestart_exits_total") >= 20000  # (the storm was judged, not dropped)
+
+
+def test_a_full_disk_is_counted_and_writing_resumes(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(state)], check=True)
+    agent = AgentProc(state, "--log-format", "none")
+    try:
+        agent.wait_ready()
+        until(lambda: _fill(agent) > 0, timeout=120)
+        assert agent.proc.poll() is None  # alive
+        subprocess.run(["mount", "-o", "remount,size=64m", str(state)], check=True)
+        before = sorted((state / "segments").iterdir())
+        failing_storm(200)
+        until(lambda: sorted((state / "segments").iterdir()) != before, timeout=60)
+        code, _ = agent.stop()
+        assert code == 0
+        segments = sorted((state / "segments").iterdir())
+        assert segments[-1] not in before  # a new segment was written after space returned
+    finally:
+        if agent.proc.poll() is None:
+            agent.proc.kill()
+        subprocess.run(["umount", "-l", str(state)], check=False)
+
+
+def _fill(agent: AgentProc) -> float:
+    failing_storm(500)
+    return metric(agent.metrics(), "whyrestart_records_unwritten")
+
+
+def test_short_lived_cgroups_leave_no_series_and_no_memory(tmp_path: Path) -> None:
+    layout = CgroupLayout.from_system()
+    if layout.memory_root is None:
+        pytest.skip("no memory cgroup controller mounted")
+    agent = AgentProc(tmp_path / "state", "--series-ttl", "1s", "--log-format", "none")
+    prefix = f"wr-churn-{os.getpid()}-"
+    series = re.compile(rf'whyrestart_clean_exits_total{{[^}}]*unit="[^"]*/{prefix}\d+"}}')
+    seen = 0
+    try:
+        agent.wait_ready()
+        parent = own_memory_cgroup(layout=layout)
+        for batch in range(10):
+            cgs = [
+                ChildCgroup(parent, f"{prefix}{batch * 50 + i}", None, layout=layout)
+                for i in range(50)
+            ]
+            for cg in cgs:
+                cg.__enter__()
+            try:
+                for cg in cgs:
+                    procs = os.path.join(cg.abs_path, "cgroup.procs")
+                    subprocess.run(["sh", "-c", f"echo $$ > {procs}; /bin/true"], check=True)
+                until(lambda: len(series.findall(agent.metrics())) >= 50, timeout=30)
+                seen += len(series.findall(agent.metrics()))
+            finally:
+                for cg in cgs:
+                    cg.__exit__(None, None, None)
+        # every cgroup is gone: their series expire (ttl 1 s, checked every few seconds)
+        until(lambda: not series.findall(agent.metrics()), timeout=60)
+        rss = metric(agent.metrics(), "whyrestart_agent_process_resident_memory_bytes")
+        assert agent.stop()[0] == 0
+    finally:
+        if agent.proc.poll() is None:
+            agent.proc.kill()
+    assert seen >= 500
+    assert rss < 150 * MiB, rss
