@@ -101,6 +101,23 @@ def test_a_program_that_fails_at_once_and_exits_2_is_gpu_oom(
     assert res.header.extra["gpu"]["hold_peers"] == "shared"
 
 
+def test_a_library_probed_at_start_holds_nobody(
+    tmp_path: Path, fast: Fast, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The host's libcuda is probed before the command starts: opening it costs no hold."""
+    from tracer.gpu import libcuda
+
+    monkeypatch.setattr(libcuda, "host_libraries", lambda: [str(fast.libdir / "libcuda.so.1")])
+    res, events, holds = record(tmp_path, fast, monkeypatch, "fail")
+    [ex] = of(Exit, events)
+    [fail] = of(GpuAllocFailure, events)
+    assert (fail.pid, ex.wait.code) == (ex.pid, 2)
+    assert (holds["taken"], holds["not_taken"]) == (0, 0)
+    assert res.header.extra["gpu"]["host_libcuda"] == {
+        str(fast.libdir / "libcuda.so.1"): "8/8 allocation entry points"
+    }
+
+
 def test_the_same_failure_recovered_and_exit_0_is_not_gpu_oom(
     tmp_path: Path, fast: Fast, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -289,14 +306,14 @@ def test_two_recorders_holding_one_process_both_catch_its_first_call(
         go.touch()
         _wait_for(lambda: _state(proc.pid) == "T")
         now = boottime_ns()
-        first = sides[0].poll(now)
+        seen: list[list[Event]] = [sides[0].poll(now), []]
         # probed and done with it, but the other recorder still holds it: still stopped
-        assert [e.pid for e in first if isinstance(e, GpuLibrary)] == [proc.pid]
+        assert [e.pid for e in seen[0] if isinstance(e, GpuLibrary)] == [proc.pid]
         assert _state(proc.pid) == "T"
-        sides[1].poll(now)
+        seen[1] += sides[1].poll(now)
         assert proc.wait(timeout=30) == 2
-        for side in sides:
-            events = side.poll(boottime_ns(), final=True)
+        for side, events in zip(sides, seen, strict=True):
+            events += side.poll(boottime_ns(), final=True)
             assert [(e.pid, e.result) for e in events if isinstance(e, GpuAllocFailure)] == [
                 (proc.pid, 2)
             ]

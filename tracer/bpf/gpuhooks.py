@@ -20,7 +20,6 @@ import ctypes
 import mmap
 import os
 import signal
-import threading
 from dataclasses import dataclass, field
 
 from tracer.bpf import layout
@@ -83,6 +82,7 @@ class AttachedLibrary:
     missing: list[str] = field(default_factory=list)
     aliases: dict[str, str] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    opened: bool = True  # False: the file was gone before it could be read or attached to
 
     @property
     def allocations_probed(self) -> int:
@@ -268,14 +268,10 @@ class GpuHooks:
         links = self._hold_links + self._links
         self._hold_links.clear()
         self._links.clear()
-        # Detaching a uprobe waits for an RCU grace period (~80 ms here): 40 links one after
-        # the other held the recorder's exit for 3 s. Threads (ctypes lets go of the GIL)
-        # detach them at once, and the waits overlap.
-        threads = [threading.Thread(target=link.destroy) for link in links]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        # (one after the other: each detach waits for the kernel, ~80 ms here, and detaching
+        # from several threads at once was no faster: the kernel serialises them)
+        for link in links:
+            link.destroy()
         self.obj.close()
 
 

@@ -363,8 +363,11 @@ class GpuSide:
             except OSError:
                 shown = fd_path
             res = self._attach_file_once(fd_path, shown)
-            with contextlib.suppress(WhyrestartError):
-                self.hooks.mark_probed(h.file.dev, h.file.ino)
+            if res.opened:
+                # no more holds for this file (not when it could not even be looked at: the
+                # process was gone, and the next one to open it must be held again)
+                with contextlib.suppress(WhyrestartError):
+                    self.hooks.mark_probed(h.file.dev, h.file.ino)
             self.hooks.resume(pid, self.clock())
             took = max(0, self.clock() - h.ts_ns)
             self.holds_resumed += 1
@@ -478,21 +481,34 @@ class GpuSide:
         try:
             st = os.stat(path)
         except OSError as exc:
-            return AttachedLibrary(shown_as, errors=[f"{shown_as}: {exc.strerror}"])
+            return AttachedLibrary(shown_as, errors=[f"{shown_as}: {exc.strerror}"], opened=False)
         key = (st.st_dev, st.st_ino)
         res = self._libraries.get(key)
         if res is None:
             assert self.hooks is not None
-            res = self._libraries[key] = self.hooks.attach_library(path, shown_as)
+            res = self.hooks.attach_library(path, shown_as)
+            if not res.probed and res.errors and not os.path.exists(path):
+                # the process (a /proc link) went away half-way: not this file's fault, so it
+                # is neither remembered nor marked probed, and the next opener tries again
+                res.opened = False
+                return res
+            self._libraries[key] = res
         return res
 
     def _attach_file(self, path: str, shown_as: str) -> str:
-        """Probe a library file by path (the host's own), once; a one-line summary."""
+        """Probe a library file by path (the host's own), once; a one-line summary. A file
+        probed here is marked probed for the kernel too: opening it holds nobody."""
         try:
             os.stat(path)
         except OSError as exc:
             return f"not probed: {exc.strerror}"
         res = self._attach_file_once(path, shown_as)
+        if res.probed and self.hooks is not None:
+            with contextlib.suppress(OSError, WhyrestartError):
+                st = os.stat(path)
+                # the kernel's dev_t encoding (MAJOR << 20 | MINOR), as a hold names the file
+                kdev = (os.major(st.st_dev) << 20) | os.minor(st.st_dev)
+                self.hooks.mark_probed(kdev, st.st_ino)
         if res.errors and not res.probed:
             return "not probed: " + "; ".join(res.errors)
         return f"{res.allocations_probed}/{len(libcuda.ALLOC_FUNCTIONS)} allocation entry points"
