@@ -28,6 +28,32 @@ Every JSON document whyrestart prints has ``"schema"``: an integer bumped whenev
 changes meaning or disappears (adding a field does not bump it). Times are seconds as numbers
 unless a name ends in ``_ns`` (CLOCK_BOOTTIME nanoseconds); sizes are bytes.
 
+``whyrestart history --json`` (schema 1): the agent's journal entries, oldest first::
+
+    {
+      "schema": 1,
+      "state_dir": str,
+      "entries": [
+        {
+          "schema": 1,
+          "kind": "verdict" | "restart",
+          "key": str,                      # boot id / pid / exit ts: unique, never written twice
+          "time": str,                     # RFC 3339, the exit (or the new main's start)
+          "ts_ns": int, "boot_id": str,
+          "unit": str | null, "cause": str,
+          # kind "verdict":
+          "labels": {"unit": str, "namespace"?: str, "pod"?: str, "container"?: str,
+                     "container_name"?: str},  # as the metrics label it
+          "pid": int, "comm": str, "confidence": str,
+          "incident": str | null,          # open it with `whyrestart explain ID`
+          "verdict": {...}                 # a verdict object, as above
+          # kind "restart":
+          "restart": {"ts": int, "unit": str, "old_pid": int, "new_pid": int,
+                      "downtime_ns": int, "cause": str}
+        }, ...
+      ]
+    }
+
 ``whyrestart repro --json`` (schema 1)::
 
     {
