@@ -277,3 +277,50 @@ def test_the_kernel_counts_clean_exits_inside_a_unit_and_sends_the_rest(
     exits = [e for e in events if isinstance(e, Exit) and e.cgroup_id == cid]
     assert sorted(e.comm for e in exits) == ["false", "sh"]
     assert [e for e in events if isinstance(e, Exec) and e.cgroup_id == cid] == []
+
+
+def test_sighup_reloads_sigkill_loses_at_most_a_second_and_the_agent_protects_itself(
+    agent_state: Path,
+) -> None:
+    agent = AgentProc(agent_state, "--log-format", "none")
+    try:
+        agent.wait_ready()
+        pid = agent.proc.pid
+        with open(f"/proc/{pid}/oom_score_adj") as f:
+            adj = f.read().strip()
+        # the witness is not the OOM killer's first pick; without CAP_SYS_RESOURCE (some
+        # sandboxes) lowering it is refused, and the header says so (checked below)
+        assert (adj == "-900") == _has_cap(CAP_SYS_RESOURCE)
+        agent.proc.send_signal(signal.SIGHUP)
+        until(lambda: b"reloaded" in (agent_state.parent / f"agent-{agent.port}.err").read_bytes())
+        assert agent.proc.poll() is None  # SIGHUP does not stop it
+        marker = subprocess.run(["sh", "-c", "exit 77"])
+        assert marker.returncode == 77
+        time.sleep(2.5)  # past the segment's one-second flush
+        agent.proc.kill()
+        agent.proc.wait(timeout=30)
+    finally:
+        if agent.proc.poll() is None:
+            agent.proc.kill()
+    from tracer.events import Exit
+    from tracer.trace.reader import TraceReader
+
+    found = []
+    for seg in sorted((agent_state / "segments").iterdir()):
+        with TraceReader(seg) as reader:  # (the last one has no footer: the agent was killed)
+            found += [e for e in reader if isinstance(e, Exit) and e.wait.code == 77]
+    assert len(found) == 1
+    with TraceReader(sorted((agent_state / "segments").iterdir())[0]) as reader:
+        protection = reader.header.extra["self_protection"]
+    assert protection["data_limit_bytes"] == 1 << 30
+    if not _has_cap(CAP_SYS_RESOURCE):
+        assert protection["oom_score_adj_error"] == "Permission denied"
+
+
+CAP_SYS_RESOURCE = 24
+
+
+def _has_cap(cap: int) -> bool:
+    with open("/proc/self/status") as f:
+        eff = next(line for line in f if line.startswith("CapEff:"))
+    return bool(int(eff.split()[1], 16) >> cap & 1)
