@@ -333,6 +333,7 @@ def test_json_shape() -> None:
     asm, verdicts = judged(f)
     doc = report.to_json(f, asm, verdicts)
     assert sorted(doc) == [
+        "agent_journal",
         "cgroups",
         "clock_offset_ns",
         "kernel_log",
@@ -591,3 +592,43 @@ def test_a_kill_just_before_podmans_late_start_stamp_still_counts() -> None:
     f = facts(log, info=podman_info(started_s=900.0, finished_s=900.01, restarts=0))
     _, [v] = judged(f)
     assert (v.pid, v.cause, v.confidence) == (2193, "cgroup_oom", "high")
+
+
+def test_the_agents_journal_is_shown_when_an_agent_ran(tmp_path: Path) -> None:
+    import orjson
+
+    state = tmp_path / "state"
+    state.mkdir()
+    entry = {
+        "schema": 1,
+        "kind": "verdict",
+        "key": "boot/77/500",
+        "time": "2026-11-30T00:54:40+00:00",
+        "ts_ns": 500 * S,
+        "boot_id": "boot",
+        "unit": "podman llm",
+        "labels": {},
+        "pid": 77,
+        "comm": "dd",
+        "cause": "cgroup_oom",
+        "confidence": "high",
+        "incident": "20261130-005440-77",
+        "verdict": {"limit_cgroup": CPATH},
+    }
+    other = {**entry, "key": "boot/78/600", "unit": "podman other", "pid": 78}
+    (state / "journal.jsonl").write_bytes(orjson.dumps(entry) + b"\n" + orjson.dumps(other) + b"\n")
+    w = world(tmp_path, [], {"llm": podman_info(exit_code=42, restarts=0)})
+    w.agent_state = str(state)
+    f = gather("container", "llm", None, w)
+    assert [e["pid"] for e in f.journal] == [77]  # only the target's
+    asm, verdicts = judged(f)
+    text = report.text(f, asm, verdicts)
+    assert "1 verdicts about podman llm, reached from its recording" in text
+    assert "20261130-005440-77" in text
+    doc = report.to_json(f, asm, verdicts)
+    assert doc["agent_journal"]["entries"][0]["incident"] == "20261130-005440-77"
+    # no agent here: no journal, said as null
+    w.agent_state = str(tmp_path / "none")
+    assert (
+        report.to_json(gather("container", "llm", None, w), asm, verdicts)["agent_journal"] is None
+    )

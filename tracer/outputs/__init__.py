@@ -153,6 +153,8 @@ or still running when ``--duration`` ended the run), ``error`` (interrupted).
       "verdicts": [ ... ],                  # replay --json's verdict objects; "t" is the
                                             # wall-clock time (ISO 8601, UTC), and "pid" is 0
                                             # where no source kept the pid
+      "agent_journal": {"path": str,        # when an agent ran here (tracer/agent/journal.py)
+                        "entries": [ ... ]} | null,  # its verdict entries about the target
       "unknowns": [str, ...],               # what only a recording could have told
       "record_command": str                 # the command that records the next one
     }

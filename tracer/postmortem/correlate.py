@@ -24,7 +24,7 @@ import re
 import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from tracer.analysis.units import UnitName, from_info, unit_of_cgroup
 from tracer.events import (
@@ -119,6 +119,21 @@ class Target:
     paths: tuple[str, ...] = ()  # cgroup paths: the target is these and everything below
     pid: int | None = None
 
+    def owns(self, entry: dict[str, Any]) -> bool:
+        """Whether an agent journal entry (``tracer.agent.journal``) is about this target."""
+        unit = str(entry.get("unit") or "")
+        verdict = entry.get("verdict")
+        limit = str(verdict.get("limit_cgroup") or "") if isinstance(verdict, dict) else ""
+        if self.kind == "all":
+            return True
+        if self.kind == "pid":
+            return entry.get("pid") == self.pid
+        if self.kind in ("container", "unit"):
+            return unit == self.label or any(_names(unit, i) for i in self.ids)
+        if self.kind == "pod":
+            return unit.startswith(f"pod {self.spec} ") or any(_names(limit, i) for i in self.ids)
+        return any(limit == p or limit.startswith(p.rstrip("/") + "/") for p in self.paths)
+
     def matches(self, oom: KmsgOom) -> bool:
         if self.kind == "all":
             return True
@@ -182,6 +197,10 @@ class Facts:
     # --all: the runtimes' records of the containers the kernel log's reports name
     others: tuple[RuntimeState, ...] = ()
     kubelet: tuple[ContainerLogs, ...] = ()  # --pod: the kubelet's log directories
+    # the always-on agent's verdict journal (tracer/agent/journal.py), when one is on this
+    # host: its entries about the target (verdicts it reached from a recording)
+    journal_path: str | None = None
+    journal: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

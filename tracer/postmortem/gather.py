@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from tracer import clock
 from tracer.analysis.units import unit_of_cgroup
@@ -55,7 +56,8 @@ class World:
     boottime: Callable[[], int] = clock.boottime_ns
     realtime_offset: Callable[[], int] = clock.realtime_offset_ns
     monotonic_offset: Callable[[], int] = clock.monotonic_offset_ns
-    history: Sequence[HistorySource] = ()  # the agent's journal, once there is one (issue 17)
+    history: Sequence[HistorySource] = ()  # stores of events kept while no one looked
+    agent_state: str | None = None  # the agent's state dir (None: the agent's default)
 
 
 def _container_runtimes(world: World) -> Sequence[Runtime]:
@@ -189,6 +191,22 @@ def _last_line(path: str, tail: int = 4096) -> str:
     return parts[3] if len(parts) == 4 and parts[2] in ("F", "P") else line
 
 
+def agent_journal(world: World, target: Target) -> tuple[str | None, tuple[dict[str, Any], ...]]:
+    """The agent's verdict journal, when an agent ran here: its path and its verdicts about
+    the target (read as `whyrestart history` reads it; unreadable or absent: none)."""
+    from tracer.agent.journal import read_journal, select
+    from tracer.agent.state import StateDir, default_state_dir
+
+    sd = StateDir(world.agent_state or default_state_dir())
+    if not (os.path.exists(sd.journal) or os.path.exists(sd.journal_old)):
+        return None, ()
+    try:
+        entries = read_journal(sd.journal_old, sd.journal)
+    except OSError:
+        return sd.journal, ()
+    return sd.journal, tuple(e for e in select(entries) if target.owns(e))
+
+
 def kernel_log(world: World, monotonic_offset: int) -> KernelLog:
     try:
         records = world.kmsg()
@@ -304,6 +322,7 @@ def gather(kind: str, spec: str, since_s: float | None, world: World | None = No
             ", as in /proc/PID/cgroup",
         )
     others = _named_containers(world, matched, now) if kind == "all" else ()
+    journal_path, journal = agent_journal(world, target)
     history = tuple(e for h in world.history for e in h.events_for(target, since))
     kubelet: tuple[ContainerLogs, ...] = ()
     if kind == "pod":
@@ -323,4 +342,6 @@ def gather(kind: str, spec: str, since_s: float | None, world: World | None = No
         history=history,
         kubelet=kubelet,
         others=others,
+        journal_path=journal_path,
+        journal=journal,
     )

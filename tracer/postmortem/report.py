@@ -130,6 +130,11 @@ def sources(facts: Facts, asm: Assembled) -> list[str]:
             if k.last_line:
                 what += f", its last line: {k.last_line[:200]}"
         lines.append(what)
+    if facts.journal_path is not None:
+        lines.append(
+            f"agent journal {facts.journal_path}: {len(facts.journal)} verdicts about "
+            f"{facts.target.label}, reached from its recording"
+        )
     log = facts.kernel_log
     if log.readable:
         since = f" from {iso(log.first_ts, facts)}" if log.first_ts is not None else ""
@@ -187,6 +192,13 @@ def text(facts: Facts, asm: Assembled, verdicts: list[Verdict]) -> str:
         since = f" since {iso(facts.since_ns, facts)}" if facts.since_ns else ""
         what = "OOM kill" if facts.target.kind == "all" else f"exit of {label}"
         out += f"No {what} is known{since}.\n"
+    if facts.journal:
+        out += "\nthe agent recorded (whyrestart history shows them; whyrestart explain ID "
+        out += "opens an incident):\n"
+        for e in facts.journal[-20:]:
+            keys = ("time", "unit", "pid", "comm", "cause", "confidence", "incident")
+            row = [e.get(k) or "-" for k in keys]
+            out += "  " + "  ".join(esc(str(x)) for x in row) + "\n"
     rt = facts.runtime
     if rt is not None and rt.info.restart_count is not None:
         unit = esc(asm.unit.label) if asm.unit else label
@@ -261,6 +273,9 @@ def to_json(facts: Facts, asm: Assembled, verdicts: list[Verdict]) -> dict[str, 
             for c in facts.cgroups
         ],
         "verdicts": [{**v.to_json(), "t": iso(v.ts, facts)} for v in verdicts],
+        "agent_journal": None
+        if facts.journal_path is None
+        else {"path": facts.journal_path, "entries": list(facts.journal)},
         "unknowns": unknowns(facts, asm, verdicts),
         "record_command": record_command(facts),
     }
