@@ -493,54 +493,76 @@ int BPF_KPROBE(oom_kprobe, struct oom_control *oc, const char *message)
 	return 0;
 }
 
-/* A memcg charge fails when usage + charge > max; a charge is at most a THP (512 pages) or a
- * batch (64 pages), so the cgroup that ran out is within this headroom of its limit. */
+/* A memcg charge fails when usage + charge > max, and a charge is at most a PMD-sized folio
+ * (512 pages on x86-64), so the counter that ran out is within that of its max when the OOM
+ * killer runs. Only an absolute margin: a cgroup merely close to a large limit (say 10 MiB
+ * under 1 GiB) when the host runs out is not "at its limit", and a global OOM must not be
+ * called a memcg one for it (the kernel log's constraint settles it in the analysis anyway). */
+#define AT_LIMIT_PAGES 1024
+
 static __always_inline bool at_limit(__u64 usage, __u64 max)
 {
-	__u64 headroom = max > usage ? max - usage : 0;
-
-	return headroom <= 1024 || headroom * 64 <= max;
+	return max <= usage || max - usage <= AT_LIMIT_PAGES;
 }
 
 struct limited {
 	__u64 id;
 	__u64 max;
 	__u64 usage;
+	__s64 headroom;
 };
 
-/* The memory cgroup with the least headroom under its max (want_high == 0) or the one furthest
- * over its memory.high (want_high == 1), walking from memcg up to the root. */
-static __always_inline void find_limited(struct mem_cgroup *memcg, struct limited *out,
-					 int want_high)
+/* Walk one page counter and its parents: the charge path (try_charge_memcg ->
+ * page_counter_try_charge) climbs page_counter.parent, not the cgroup tree. They differ on v1
+ * with use_hierarchy=0 (a parentless counter; allowed until 5.11 deprecated the mode), where
+ * css.parent would blame an ancestor whose limit the charge never met. off is the counter's
+ * offset in struct mem_cgroup (memory or memsw), to get each counter's memcg back. */
+static __always_inline void walk_counters(struct page_counter *c, __u64 off, int want_high,
+					  struct limited *out)
 {
-	__s64 best = 0x7fffffffffffffffLL;
-
-	out->id = 0;
-	out->max = 0;
-	out->usage = 0;
-	for (int i = 0; i < MAX_CGROUP_DEPTH && memcg; i++) {
+	for (int i = 0; i < MAX_CGROUP_DEPTH && c; i++) {
 		__u64 max = UNLIMITED_PAGES;
 
 		/* page_counter.high exists since 5.8; older kernels kept it elsewhere */
 		if (!want_high)
-			max = BPF_CORE_READ(memcg, memory.max);
-		else if (bpf_core_field_exists(memcg->memory.high))
-			max = BPF_CORE_READ(memcg, memory.high);
-		__u64 usage = BPF_CORE_READ(memcg, memory.usage.counter);
+			max = BPF_CORE_READ(c, max);
+		else if (bpf_core_field_exists(c->high))
+			max = BPF_CORE_READ(c, high);
+		__u64 usage = BPF_CORE_READ(c, usage.counter);
 
 		if (max < UNLIMITED_PAGES) {
 			/* "headroom" goes negative over memory.high: compare as signed */
 			__s64 headroom = (__s64)max - (__s64)usage;
 
-			if (headroom < best) {
-				best = headroom;
-				out->id = memcg_id(memcg);
+			if (headroom < out->headroom) {
+				out->headroom = headroom;
+				out->id = memcg_id((struct mem_cgroup *)((__u64)c - off));
 				out->max = max;
 				out->usage = usage;
 			}
 		}
-		memcg = (struct mem_cgroup *)BPF_CORE_READ(memcg, css.parent);
+		c = BPF_CORE_READ(c, parent);
 	}
+}
+
+/* The memory cgroup with the least headroom under its max (want_high == 0) or the one furthest
+ * over its memory.high (want_high == 1), from memcg up. On cgroup v1 with swap accounting the
+ * memory+swap counter (memory.memsw.limit_in_bytes) is a limit of its own: an OOM bound by it
+ * happens with memory usage well under memory.limit_in_bytes, so it is walked too. */
+static __always_inline void find_limited(struct mem_cgroup *memcg, struct limited *out,
+					 int want_high)
+{
+	out->id = 0;
+	out->max = 0;
+	out->usage = 0;
+	out->headroom = 0x7fffffffffffffffLL;
+	if (!memcg)
+		return;
+	walk_counters(&memcg->memory, bpf_core_field_offset(struct mem_cgroup, memory), want_high,
+		      out);
+	if (!want_high && cfg.memcg_v1 && bpf_core_field_exists(memcg->memsw))
+		walk_counters(&memcg->memsw, bpf_core_field_offset(struct mem_cgroup, memsw), 0,
+			      out);
 }
 
 static __always_inline void find_limit(struct mem_cgroup *memcg, struct wr_oom *e)

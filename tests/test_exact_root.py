@@ -277,3 +277,51 @@ def test_exit_from_a_worker_is_the_programs_exit_code(tmp_path: Path, mtwork: Pa
     assert ex.status == 23 << 8
     assert (v.cause, v.exit_code) == ("app_exit", 23)  # type: ignore[attr-defined]
     assert res.command_status == 23
+
+
+# -- OOM scope on the walk rungs ---------------------------------------------------------------
+
+# 96 MiB pushed out to swap (MADV_PAGEOUT, 5.4+), then anonymous memory until the OOM kill: the
+# memory+swap counter reaches its limit while memory usage is ~96 MiB under memory's.
+SWAPPED_HOG = """
+import mmap
+m = mmap.mmap(-1, 96 << 20)
+m.write(b"x" * (96 << 20))
+m.madvise(mmap.MADV_PAGEOUT)
+chunks = []
+while True:
+    chunks.append(b"x" * (1 << 20))
+"""
+
+
+def swap_total_kb() -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("SwapTotal:"):
+                return int(line.split()[1])
+    return 0
+
+
+def test_an_oom_bound_by_memory_plus_swap_is_a_cgroup_oom(
+    tmp_path: Path, parent_cgroup: str, layout: CgroupLayout
+) -> None:
+    if layout.memory_version != 1 or layout.memory_root is None:
+        pytest.skip("memory.memsw.* is cgroup v1's (v2 has memory.swap.max, which never OOMs)")
+    if not os.path.exists(os.path.join(layout.memory_root, "memory.memsw.limit_in_bytes")):
+        pytest.skip("no swap accounting: memory.memsw.* absent (swapaccount=0)")
+    if swap_total_kb() == 0:
+        pytest.skip(
+            "no swap on this machine: memory+swap usage equals memory usage, so "
+            "memory.memsw.limit_in_bytes cannot bind before memory.limit_in_bytes"
+        )
+    limit = 256 * MiB
+    with ChildCgroup(parent_cgroup, f"wr-test-memsw-{os.getpid()}", limit, layout=layout) as cg:
+        Path(cg.abs_path, "memory.memsw.limit_in_bytes").write_text(str(limit))
+        procs = os.path.join(cg.abs_path, "cgroup.procs")
+        argv = ["sh", "-c", f'echo $$ > {procs} && exec "$@"', "sh", sys.executable]
+        res = record(tmp_path, [*argv, "-c", SWAPPED_HOG])
+        path = cg.path
+    [oom] = [e for e in read_trace(res.path or "").events if isinstance(e, OomKill)]
+    assert (oom.memcg, oom.limit_bytes) == (True, limit)
+    [v] = res.verdicts
+    assert (v.cause, v.limit_cgroup) == ("cgroup_oom", path)

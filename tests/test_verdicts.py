@@ -203,6 +203,30 @@ def test_global_oom() -> None:
     assert (v.cause, v.limit_cgroup, v.confidence) == ("global_oom", None, "high")
 
 
+def test_the_kernel_logs_constraint_wins_over_a_walk_rungs_guessed_scope() -> None:
+    # a global OOM while the victim's cgroup sat near its limit: the walk guessed memcg
+    v = one(
+        cgroup(20, "/x", 64 * MiB),
+        oom(1.0, 100, rung="tp_btf"),
+        kmsg(1.0, 100, memcg=False),
+        killed(1.1, 100, signal.SIGKILL),
+    )
+    assert (v.cause, v.limit_cgroup, v.limit_bytes) == ("global_oom", None, None)
+    assert any("kernel log's constraint" in d for d in v.disagreements)
+    # an OOM bound by a limit the walk did not see (e.g. v1 memory+swap): the log names it
+    v = one(
+        oom(1.0, 100, memcg=False, rung="tracepoint"),
+        kmsg(1.0, 100, oom_memcg="/memsw-bound"),
+        killed(1.1, 100, signal.SIGKILL),
+    )
+    assert (v.cause, v.limit_cgroup) == ("cgroup_oom", "/memsw-bound")
+    # oom_kill_process's own oc->memcg is no guess: a disagreement keeps both views
+    v = one(
+        oom(1.0, 100, rung="kprobe"), kmsg(1.0, 100, memcg=False), killed(1.1, 100, signal.SIGKILL)
+    )
+    assert v.cause == "cgroup_oom" and v.confidence == "medium"
+
+
 def test_bpf_and_kmsg_disagreeing_on_the_cgroup_is_reported() -> None:
     v = one(
         cgroup(20, "/a"),

@@ -402,6 +402,64 @@ def test_oom_without_oom_context_walks_to_the_limit(
     )
 
 
+# 1 GiB at most: more than the VM has left beside the holder below, and it ends once the
+# holder is gone
+BOUNDED_HOG = "chunks = []\nfor _ in range(1024):\n    chunks.append(b'x' * (1 << 20))\n"
+# Allocates argv[1] MiB, says so on stdout, then holds it.
+HOLD = """
+import sys, time
+chunks = [b"x" * (1 << 20) for _ in range(int(sys.argv[1]))]
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("rung", ["tp_btf", "tracepoint"])
+def test_a_global_oom_with_a_cgroup_near_its_limit_is_global(
+    rung: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    parent: str,
+    cg_layout: CgroupLayout,
+    attached: dict[str, hooks.Attached],
+) -> None:
+    """The VM (2 GiB) runs out while the biggest process sits 48 MiB under its cgroup's
+    1.25 GiB limit: the OOM killer picks it, and the walk rungs must not call that a memcg OOM
+    (a charge fails within a folio of the limit; 48 MiB is not that). The kernel log says
+    CONSTRAINT_NONE too, and the verdict is global_oom."""
+    disabled = OOM_CONTEXT_PROGRAMS
+    if rung == "tracepoint":
+        disabled += OOM_BTF_PROGRAMS
+    else:
+        need_rung(attached, "fentry", "oom", "tp_btf")
+    limit, held = 1280 * MiB, 1232
+    with ChildCgroup(parent, f"wr-lab-global-{rung}", limit, layout=cg_layout) as near:
+        # the holder fills its cgroup to 48 MiB under the limit, then the hog (no limit of its
+        # own) allocates until the VM runs out
+        procs = os.path.join(near.abs_path, "cgroup.procs")
+        script = (
+            f'sh -c \'echo $$ > {procs} && exec "$0" -c "$1" {held}\' "$0" "$1" | '
+            '{ read line; exec "$0" -c "$2"; }'
+        )
+        res, events = record(
+            tmp_path,
+            monkeypatch,
+            ["sh", "-c", script, sys.executable, HOLD, BOUNDED_HOG],
+            disabled=disabled,
+        )
+        near_id = near.cgroup_id
+    assert (res.header.hooks["oom"], res.header.hooks["oom_context"]) == (rung, None)
+    kills = ooms(events)
+    assert kills, "no OOM kill"
+    holder = kills[0]
+    assert holder.victim_cgroup_id == victim_cgroup(res, near_id)
+    assert (holder.rung, holder.memcg) == (rung, False)
+    [kmsg] = [k for k in kmsg_ooms(events) if k.victim_pid == holder.victim_pid]
+    assert (kmsg.memcg, kmsg.constraint) == (False, "CONSTRAINT_NONE")
+    [v] = [v for v in res.verdicts if v.pid == holder.victim_pid]
+    assert (v.cause, v.limit_cgroup) == ("global_oom", None)
+
+
 # -- memcg reclaim and memory.high throttling ------------------------------------------------------
 
 

@@ -297,7 +297,12 @@ def oom_kill(v: ExitView) -> Finding:
     disagree: list[str] = []
     bpf = v.ooms[-1] if v.ooms else None
     km = v.kmsg[-1] if v.kmsg else None
-    votes = [e.memcg for e in (bpf, km) if e is not None]
+    # The mark_victim rungs guess the scope (a cgroup found at its limit by walking up from
+    # the victim); the kernel log states the OOM's constraint. Where both exist, the kernel's
+    # word settles the scope: a cgroup that happened to sit near its limit during a global OOM
+    # is not the cause. (fentry/kprobe read oc->memcg: exact, a vote like the log's.)
+    guessed = bpf is not None and km is not None and bpf.rung not in _EXACT_RUNGS
+    votes = [e.memcg for e in (bpf, km) if e is not None and not (guessed and e is bpf)]
     if bpf is not None:
         evidence.append((bpf.ts, say.bpf_oom(bpf, store.path(bpf.limit_cgroup_id))))
     if km is not None:
@@ -314,7 +319,9 @@ def oom_kill(v: ExitView) -> Finding:
     memcg = any(votes)
     if len(set(votes)) > 1:
         disagree.append(say.CONSTRAINTS_DISAGREE)
-    sources = len(votes)
+    if guessed and bpf is not None and km is not None and bpf.memcg != km.memcg:
+        disagree.append(say.scope_guess_overruled(bpf.rung, bpf.memcg))
+    sources = int(bpf is not None) + int(km is not None)
     counter = oom_counter(store, limit_id or ex.cgroup_id, oom_ts) if memcg else None
     if counter is not None:
         evidence.append(counter)

@@ -82,6 +82,14 @@ def bpf_oom(bpf: OomKill, limit_path: str | None) -> str:
     )
 
 
+def scope_guess_overruled(rung: str, guessed_memcg: bool) -> str:
+    guess = "a cgroup at its limit (memcg)" if guessed_memcg else "no cgroup at its limit (global)"
+    return (
+        f"the {rung} rung found {guess} by walking cgroups; the kernel log's constraint "
+        "says otherwise and decides"
+    )
+
+
 def kmsg_oom(km: KmsgOom) -> str:
     rss = f", anon-rss {km.anon_rss_kb} kB" if km.anon_rss_kb is not None else ""
     return (
