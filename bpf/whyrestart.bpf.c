@@ -62,13 +62,27 @@ struct {
 	__type(value, __u8);
 } watched_pids SEC(".maps");
 
-/* Watched cgroups by id (tracked hierarchy); a task in one of them or below is watched. */
+/* Watched cgroups by id (tracked hierarchy); a task in one of them or below is watched. A
+ * followed container gets a new cgroup on every restart: the rmdir hook below removes the id of
+ * each one that goes away, so a crash-looping container holds one entry, not one per restart.
+ * Inserts that find the map full are counted (pressure_counters[2]), never silent. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 1024);
 	__type(key, __u64);
 	__type(value, __u8);
 } watched_cgroups SEC(".maps");
+
+/* Ids of cgroups removed from the tracked hierarchy (cgroup ids are never reused). User space
+ * adds a followed container's new cgroup a few milliseconds after its mkdir record; if the
+ * cgroup is already gone by then (a container that dies at once), its rmdir has passed, and
+ * user space finds the id here and takes it out again (Probe.watch_cgroup). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u64);
+	__type(value, __u8);
+} cgroups_gone SEC(".maps");
 
 /* Threads of watched processes: thread id -> tgid. The classic signal_generate and mark_victim
  * tracepoints (the rungs for kernels without tp_btf, < 5.5) name their task by thread id only;
@@ -765,10 +779,11 @@ struct {
 	__type(value, struct wr_reclaim_stats);
 } reclaim_stats SEC(".maps");
 
-/* [0] kswapd wake-ups, [1] aggregate updates that found reclaim_stats full */
+/* [0] kswapd wake-ups, [1] aggregate updates that found reclaim_stats full, [2] cgroups that
+ * found watched_cgroups full */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 2);
+	__uint(max_entries, 3);
 	__type(key, __u32);
 	__type(value, __u64);
 } pressure_counters SEC(".maps");
@@ -1035,9 +1050,26 @@ static __always_inline int handle_mkdir(struct cgroup *cgrp, const char *path, _
 			break;
 		hash = (hash ^ (__u8)c) * FNV_PRIME;
 	}
-	if (bpf_map_lookup_elem(&follow_paths, &hash))
-		bpf_map_update_elem(&watched_cgroups, &id, &one, BPF_ANY);
+	if (bpf_map_lookup_elem(&follow_paths, &hash) &&
+	    bpf_map_update_elem(&watched_cgroups, &id, &one, BPF_ANY))
+		bump_counter(2);
 	bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);
+	return 0;
+}
+
+/* A cgroup went away: it cannot hold a process any more, so it leaves watched_cgroups (a
+ * restarted container's old cgroup), and is remembered in cgroups_gone. No record: the rmdir of
+ * a followed container's cgroup shows in its processes' exits already. */
+static __always_inline int handle_rmdir(struct cgroup *cgrp)
+{
+	__u64 id;
+	__u8 one = 1;
+
+	if (!cfg.watch_cgroups || BPF_CORE_READ(cgrp, root, hierarchy_id) != cfg.hierarchy_id)
+		return 0;
+	id = cgroup_id_of(cgrp);
+	bpf_map_delete_elem(&watched_cgroups, &id);
+	bpf_map_update_elem(&cgroups_gone, &id, &one, BPF_ANY);
 	return 0;
 }
 
@@ -1051,4 +1083,16 @@ SEC("raw_tp/cgroup_mkdir")
 int BPF_PROG(cgroup_mkdir_raw, struct cgroup *cgrp, const char *path)
 {
 	return handle_mkdir(cgrp, path, WR_RUNG_TRACEPOINT);
+}
+
+SEC("tp_btf/cgroup_rmdir")
+int BPF_PROG(cgroup_rmdir_btf, struct cgroup *cgrp, const char *path)
+{
+	return handle_rmdir(cgrp);
+}
+
+SEC("raw_tp/cgroup_rmdir")
+int BPF_PROG(cgroup_rmdir_raw, struct cgroup *cgrp, const char *path)
+{
+	return handle_rmdir(cgrp);
 }

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -325,3 +327,108 @@ def test_an_oom_bound_by_memory_plus_swap_is_a_cgroup_oom(
     assert (oom.memcg, oom.limit_bytes) == (True, limit)
     [v] = res.verdicts
     assert (v.cause, v.limit_cgroup) == ("cgroup_oom", path)
+
+
+# -- long runs: a crash-looping followed container keeps the watched-cgroup table bounded -----
+
+LOOPS = 2000
+
+
+def test_a_followed_cgroup_recreated_2000_times_keeps_the_table_bounded(
+    tmp_path: Path, parent_cgroup: str, layout: CgroupLayout
+) -> None:
+    """What a runtime does on each restart of a crash-looping container, 2,000 times: a new
+    cgroup at the followed path, a process in it that exits at once, the cgroup removed. The
+    kernel watches each new cgroup on its mkdir and forgets it on its rmdir: every exit is
+    seen, and the table never holds more than the live one."""
+    import ctypes
+
+    from tracer.bpf import hooks
+    from tracer.bpf import layout as bpf_layout
+    from tracer.bpf.decode import Decoder
+    from tracer.bpf.libbpf import RingBuffer
+    from tracer.events import CgroupMkdir
+    from tracer.record import memory_hierarchy_id
+
+    config = bpf_layout.WrConfig(
+        self_tgid=os.getpid(),
+        stall_threshold_ns=1 << 62,
+        memcg_v1=int(layout.memory_version == 1),
+        watch_cgroups=1,
+        follow_cgroups=1,
+        hierarchy_id=memory_hierarchy_id(layout),
+    )
+    with ChildCgroup(parent_cgroup, f"wr-test-loop-{os.getpid()}", None, layout=layout) as cg:
+        path, abs_path = cg.path, cg.abs_path
+    probe = hooks.Probe(config)
+    events: list[Event] = []
+    sizes: list[int] = []
+    try:
+        probe.attach()
+        rb = RingBuffer(probe.events)
+        decoder = Decoder()
+        probe.follow_path(path)
+        procs = os.path.join(abs_path, "cgroup.procs")
+        for i in range(LOOPS):
+            os.mkdir(abs_path)
+            rc = subprocess.run(["sh", "-c", f"echo $$ > {procs}; exit 3"]).returncode
+            assert rc == 3
+            for _ in range(100):  # the exited task may linger in the cgroup a moment
+                try:
+                    os.rmdir(abs_path)
+                    break
+                except OSError:
+                    time.sleep(0.001)
+            if i % 100 == 0:
+                events += decoder.decode_batch(rb.drain(0))
+                sizes.append(len(probe.watched_cgroups.keys(ctypes.c_uint64)))  # type: ignore[arg-type]
+        events += decoder.decode_batch(rb.drain(0))
+        rb.free()
+        left = len(probe.watched_cgroups.keys(ctypes.c_uint64))  # type: ignore[arg-type]
+        mkdirs = [e for e in events if isinstance(e, CgroupMkdir) and e.path == path]
+        # user space adding a followed cgroup after it was removed takes it out again
+        assert probe.watch_cgroup(mkdirs[-1].cgroup_id) is False
+        assert len(probe.watched_cgroups.keys(ctypes.c_uint64)) == 0  # type: ignore[arg-type]
+        refused = probe.watched_cgroups_refused()
+    finally:
+        probe.close()
+        if os.path.isdir(abs_path):
+            os.rmdir(abs_path)
+    assert len(mkdirs) == LOOPS
+    codes = Counter(e.status >> 8 for e in events if isinstance(e, Exit) and e.comm == "sh")
+    assert codes == Counter({3: LOOPS})
+    assert (left, refused) == (0, 0)
+    assert max(sizes) <= 1, sizes
+
+
+def test_a_full_watched_cgroup_table_is_counted_not_fatal(
+    tmp_path: Path, parent_cgroup: str, layout: CgroupLayout
+) -> None:
+    from tracer.bpf import hooks
+    from tracer.bpf import layout as bpf_layout
+    from tracer.record import memory_hierarchy_id
+
+    config = bpf_layout.WrConfig(
+        self_tgid=os.getpid(),
+        stall_threshold_ns=1 << 62,
+        memcg_v1=int(layout.memory_version == 1),
+        watch_cgroups=1,
+        follow_cgroups=1,
+        hierarchy_id=memory_hierarchy_id(layout),
+    )
+    probe = hooks.Probe(config)
+    try:
+        probe.attach()
+        # ids no cgroup has (kernfs ids are far below 2**62)
+        added = [probe.watch_cgroup((1 << 62) + i) for i in range(1025)]
+        assert added == [True] * 1024 + [False]
+        assert probe.watched_cgroups_refused() == 1
+        # the kernel's own insert, at a followed cgroup's mkdir, is counted too
+        with ChildCgroup(parent_cgroup, f"wr-test-full-{os.getpid()}", None, layout=layout) as cg:
+            path = cg.path
+        probe.follow_path(path)
+        with ChildCgroup(parent_cgroup, f"wr-test-full-{os.getpid()}", None, layout=layout):
+            pass
+        assert probe.watched_cgroups_refused() == 2
+    finally:
+        probe.close()

@@ -229,3 +229,53 @@ startretries=100
     assert (mine[-1].signal, mine[-1].sender_role) == ("SIGTERM", "supervisor")
     links = [r for r in res.restarts if r.unit == unit]
     assert [r.cause for r in links] == ["app_exit"] * 3
+
+
+# ~3.5 restarts a second here (podman 4.3, runc): 2,000 take ~10 minutes, so the default is a
+# short loop; WR_CRASH_LOOP_RESTARTS=2000 runs the long one. The 2,000-cgroup loop of
+# tests/test_exact_root.py covers the kernel side at full length.
+CRASH_LOOP_RESTARTS = int(os.environ.get("WR_CRASH_LOOP_RESTARTS", "60"))
+
+
+def test_a_crash_looping_container_keeps_the_watched_cgroup_table_bounded(
+    tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each restart gives the container a new cgroup: the recording must survive any number
+    of them, the kernel's watched-cgroup table holding only the live one(s)."""
+    import ctypes
+
+    from tracer.bpf import hooks
+
+    sizes: list[int] = []
+    refused: list[int] = []
+
+    class Probe(hooks.Probe):
+        def watch_cgroup(self, cgroup_id: int) -> bool:
+            ok = super().watch_cgroup(cgroup_id)
+            sizes.append(len(self.watched_cgroups.keys(ctypes.c_uint64)))  # type: ignore[arg-type]
+            return ok
+
+        def close(self) -> None:
+            refused.append(self.watched_cgroups_refused())
+            super().close()
+
+    monkeypatch.setattr(hooks, "Probe", Probe)
+    n = CRASH_LOOP_RESTARTS
+    podman(
+        "create", "--name", name, "--network=none", f"--restart=on-failure:{n}", IMAGE,
+        "sh", "-c", "exit 3",
+    )  # fmt: skip
+
+    def start_and_wait() -> None:
+        podman("start", name)
+        wait_for(lambda: state(name)[:2] == ("exited", n), seconds=60 + n)
+        time.sleep(1.0)  # podman shows "exited" between restarts too: make sure it stays
+
+    res = record_while(tmp_path, name, start_and_wait)
+    unit = f"podman {name}"
+    main = [(v.cause, v.exit_code, v.unit) for v in res.verdicts if v.main]
+    assert main == [("app_exit", 3, unit)] * (n + 1)
+    assert len(res.restarts) == n
+    assert res.restart_counts == [(unit, n, n, "podman")]
+    assert refused == [0]
+    assert sizes and max(sizes) <= 2, max(sizes)

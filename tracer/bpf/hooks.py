@@ -38,6 +38,7 @@ LADDERS: dict[str, list[tuple[str, tuple[str, ...]]]] = {
     "fork": [("tp_btf", ("fork_btf",)), ("raw_tp", ("fork_raw",))],
     "exec": [("tp_btf", ("exec_btf",)), ("raw_tp", ("exec_raw",))],
     "cgroup_mkdir": [("tp_btf", ("cgroup_mkdir_btf",)), ("raw_tp", ("cgroup_mkdir_raw",))],
+    "cgroup_rmdir": [("tp_btf", ("cgroup_rmdir_btf",)), ("raw_tp", ("cgroup_rmdir_raw",))],
     "memcg_reclaim": [
         ("fentry", ("memcg_reclaim_fentry", "memcg_reclaim_fexit")),
         ("kprobe", ("memcg_reclaim_kprobe", "memcg_reclaim_kretprobe")),
@@ -138,6 +139,8 @@ class KernelHooks:
         self.reclaim_stats: Map = self.obj.map("reclaim_stats")
         self.pressure_counters: Map = self.obj.map("pressure_counters")
         self.clean_exits: Map = self.obj.map("clean_exits")
+        self.cgroups_gone: Map = self.obj.map("cgroups_gone")
+        self._cgroups_refused = 0
 
     # -- loading ----------------------------------------------------------------------------
 
@@ -265,8 +268,26 @@ class KernelHooks:
             ctypes.c_uint64(fnv1a64(path.encode())), ctypes.c_uint8(1)
         )
 
-    def watch_cgroup(self, cgroup_id: int) -> None:
-        self.watched_cgroups.update(ctypes.c_uint64(cgroup_id), ctypes.c_uint8(1))
+    def watch_cgroup(self, cgroup_id: int) -> bool:
+        """Watch a cgroup and everything below it. False when it is not watched: the table is
+        full (counted: ``watched_cgroups_refused``), or the cgroup is gone already (its rmdir
+        passed before this insert, which would otherwise stay in the table for good)."""
+        key = ctypes.c_uint64(cgroup_id)
+        try:
+            self.watched_cgroups.update(key, ctypes.c_uint8(1))
+        except BpfError as exc:
+            if exc.errno != errno.E2BIG:
+                raise
+            self._cgroups_refused += 1
+            return False
+        if self.cgroups_gone.lookup(key, ctypes.c_uint8()):
+            self.watched_cgroups.delete(key)
+            return False
+        return True
+
+    def watched_cgroups_refused(self) -> int:
+        """Cgroups that found watched_cgroups full, here and in the kernel (handle_mkdir)."""
+        return self._cgroups_refused + self.pressure_counters.percpu_sum_u64(2)
 
     def lost_count(self) -> int:
         return self.lost.percpu_sum_u64(0)

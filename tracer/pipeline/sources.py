@@ -192,11 +192,18 @@ class KernelCounters(_Quiet):
         return out
 
     def warnings(self) -> list[str]:
-        if not self._full:
-            return []
-        return [
-            f"reclaim aggregation table full: {self._full} stalls were not counted in summaries"
-        ]
+        out = []
+        if self._full:
+            out.append(
+                f"reclaim aggregation table full: {self._full} stalls were not counted in summaries"
+            )
+        refused = self.kernel.watched_cgroups_refused()
+        if refused:
+            out.append(
+                f"watched cgroup table full: {refused} cgroups of followed containers were not "
+                "watched (their processes' exits are missing)"
+            )
+        return out
 
 
 class KmsgSource(_Quiet):
