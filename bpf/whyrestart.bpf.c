@@ -96,6 +96,29 @@ struct {
 	__type(value, __u32);
 } watched_threads SEC(".maps");
 
+/* The recorder's own helpers (ldconfig, podman inspect, ...) and their descendants, by tgid:
+ * never evidence, whatever the filter (--all, --pid 1, a cgroup that holds the recorder). A
+ * process forked by one of the recorder's threads is a helper from its fork on, and so are its
+ * descendants; user space unmarks the recorded command (Probe.watch_pid(command=True)). Threads,
+ * not the whole process: a program that runs the recorder in a thread of its own (the tests,
+ * a library user) starts its workloads from its other threads. An entry leaves at its
+ * process's exit (a pid may be reused). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 8192);
+	__type(key, __u32);
+	__type(value, __u8);
+} helpers SEC(".maps");
+
+/* The recorder's threads, by thread id: the one that loaded this object (Probe), and every
+ * thread created by one of them since. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 1024);
+	__type(key, __u32);
+	__type(value, __u8);
+} recorder_threads SEC(".maps");
+
 /* Failed ring-buffer reservations, per CPU: never lose an event silently. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -196,6 +219,8 @@ static __always_inline bool is_watched(struct task_struct *task, __u32 tgid)
 {
 	struct cgroup *cgrp;
 
+	if (tgid == cfg.self_tgid || bpf_map_lookup_elem(&helpers, &tgid))
+		return false;
 	if (cfg.filter_all)
 		return true;
 	if (bpf_map_lookup_elem(&watched_pids, &tgid))
@@ -312,10 +337,15 @@ static __always_inline int handle_exit(struct task_struct *task, int group_dead,
 	struct task_struct *leader;
 	struct wr_exit *e;
 	__u32 tgid = BPF_CORE_READ(task, tgid);
+	bool helper;
 	__u64 start;
 	__u32 flags, code;
 
-	if (!cfg.filter_all && BPF_CORE_READ(task, pid) != tgid) {
+	if (tgid == cfg.self_tgid) {
+		__u32 tid = BPF_CORE_READ(task, pid);
+
+		bpf_map_delete_elem(&recorder_threads, &tid);
+	} else if (!cfg.filter_all && BPF_CORE_READ(task, pid) != tgid) {
 		__u32 tid = BPF_CORE_READ(task, pid);
 
 		bpf_map_delete_elem(&watched_threads, &tid);
@@ -324,7 +354,8 @@ static __always_inline int handle_exit(struct task_struct *task, int group_dead,
 		return 0;
 	if (group_dead < 0 && BPF_CORE_READ(task, signal, live.counter) != 0)
 		return 0;
-	if (!is_watched(task, tgid))
+	helper = bpf_map_lookup_elem(&helpers, &tgid) != NULL;
+	if (!helper && !is_watched(task, tgid))
 		return 0;
 	leader = BPF_CORE_READ(task, group_leader);
 	start = BPF_CORE_READ(leader, start_boottime);
@@ -334,6 +365,11 @@ static __always_inline int handle_exit(struct task_struct *task, int group_dead,
 
 		if (bpf_map_update_elem(&exits_sent, &k, &one, BPF_NOEXIST))
 			return 0;
+	}
+	if (helper) {
+		/* (only now, once the process has ended: its pid may be reused) */
+		bpf_map_delete_elem(&helpers, &tgid);
+		return 0;
 	}
 	bpf_map_delete_elem(&watched_pids, &tgid);
 	flags = BPF_CORE_READ(task, signal, flags);
@@ -675,12 +711,20 @@ static __always_inline int handle_fork(struct task_struct *parent, struct task_s
 {
 	__u32 child_pid = BPF_CORE_READ(child, pid);
 	__u32 parent_tgid = BPF_CORE_READ(parent, tgid);
+	__u32 parent_tid = BPF_CORE_READ(parent, pid);
+	bool by_recorder = parent_tgid == cfg.self_tgid &&
+			   bpf_map_lookup_elem(&recorder_threads, &parent_tid) != NULL;
 	struct wr_fork *e;
 	__u8 one = 1;
 
-	if (cfg.filter_all)
+	if (child_pid != BPF_CORE_READ(child, tgid)) {
+		if (by_recorder)
+			bpf_map_update_elem(&recorder_threads, &child_pid, &one, BPF_ANY);
+	} else if (by_recorder || bpf_map_lookup_elem(&helpers, &parent_tgid)) {
+		bpf_map_update_elem(&helpers, &child_pid, &one, BPF_ANY);
 		return 0;
-	if (parent_tgid == cfg.self_tgid || !is_watched(parent, parent_tgid))
+	}
+	if (cfg.filter_all || !is_watched(parent, parent_tgid))
 		return 0;
 	if (child_pid != BPF_CORE_READ(child, tgid)) {
 		/* a new thread: only its process is needed, for the classic tracepoints */

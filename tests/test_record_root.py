@@ -177,16 +177,21 @@ def test_all_records_every_process_and_samples_cgroups_not_each_pid(tmp_path: Pa
 
     from tracer.events import CgroupSample, HostSample, ProcessSample
 
+    pidfile, go = tmp_path / "pid", tmp_path / "go"
+    # started before the recording and orphaned at once: the recorder runs in this process,
+    # and what it starts while recording is its own helper, never evidence
+    script = f"echo $$ > {pidfile}; while [ ! -e {go} ]; do sleep 0.05; done; sleep 0.3; exit 17"
+    subprocess.run(["sh", "-c", f"sh -c '{script}' &"], check=True)
     rec = Recorder(str(tmp_path / "all.trace"), Targets(all=True), duration=4)
     results: list[RecordResult] = []
     thread = threading.Thread(target=lambda: results.append(rec.run()))
     thread.start()
     time.sleep(1.5)  # attached well before this (start-up is about 0.5 s)
-    proc = subprocess.run(["sh", "-c", "sleep 0.3; exit 17"])
+    go.touch()
     thread.join(30)
-    assert proc.returncode == 17 and results, "the recording did not end"
-    [mine] = [v for v in results[0].verdicts if v.exit_code == 17 and v.comm == "sh"]
-    assert mine.cause == "app_exit"
+    assert results, "the recording did not end"
+    [mine] = [v for v in results[0].verdicts if v.pid == int(pidfile.read_text())]
+    assert (mine.cause, mine.exit_code, mine.comm) == ("app_exit", 17, "sh")
     events = events_of(str(tmp_path / "all.trace"))
     assert any(isinstance(e, HostSample) for e in events)
     assert any(isinstance(e, CgroupSample) for e in events)  # the cgroups programs ran in

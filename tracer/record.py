@@ -253,7 +253,7 @@ class Recorder:
         child = GatedChild(
             self.targets.command, before_exec=self._guard.reset_in_child if self._guard else None
         )
-        watch.watch_pid(child.pid)
+        watch.watch_pid(child.pid, command=True)
         child.release()
         watch.samplers.watch_pid(child.pid)
         gpu.watch([child.pid])

@@ -14,6 +14,7 @@ import ctypes
 import errno
 import os
 import re
+import threading
 from dataclasses import dataclass, field
 
 from tracer.bpf import layout
@@ -141,6 +142,12 @@ class KernelHooks:
         self.clean_exits: Map = self.obj.map("clean_exits")
         self.cgroups_gone: Map = self.obj.map("cgroups_gone")
         self._cgroups_refused = 0
+        if config.self_tgid == os.getpid():
+            # this thread is the recorder's: what it (and the threads it starts) runs is a
+            # helper, never evidence (see the helpers map in the C file)
+            self.obj.map("recorder_threads").update(
+                ctypes.c_uint32(threading.get_native_id()), ctypes.c_uint8(1)
+            )
 
     # -- loading ----------------------------------------------------------------------------
 
@@ -249,18 +256,32 @@ class KernelHooks:
 
     # -- maps -------------------------------------------------------------------------------
 
-    def watch_pid(self, pid: int, proc_root: str = "/proc") -> None:
+    def is_helper(self, pid: int) -> bool:
+        return pid == self.config.self_tgid or self.obj.map("helpers").lookup(
+            ctypes.c_uint32(pid), ctypes.c_uint8()
+        )
+
+    def watch_pid(self, pid: int, proc_root: str = "/proc", *, command: bool = False) -> bool:
         """Watch a process, and tell the kernel its threads running now (a signal or OOM that a
-        classic tracepoint names by thread id finds its process through watched_threads)."""
+        classic tracepoint names by thread id finds its process through watched_threads).
+
+        The recorder itself and the helpers its threads forked since the object was loaded are
+        never watched (False), except the command it was asked to record (``command``): forked
+        by the recorder, it starts out a helper."""
+        if command:
+            self.obj.map("helpers").delete(ctypes.c_uint32(pid))
+        elif self.is_helper(pid):
+            return False
         self.watched_pids.update(ctypes.c_uint32(pid), ctypes.c_uint8(1))
         try:
             tids = [int(t) for t in os.listdir(os.path.join(proc_root, str(pid), "task"))]
         except (OSError, ValueError):
-            return  # gone already, or not started yet (a gated child has one thread)
+            return True  # gone already, or not started yet (a gated child has one thread)
         threads = self.obj.map("watched_threads")
         for tid in tids:
             if tid != pid:
                 threads.update(ctypes.c_uint32(tid), ctypes.c_uint32(pid))
+        return True
 
     def follow_path(self, path: str) -> None:
         """Watch any cgroup later created at this path, from the kernel (see handle_mkdir)."""

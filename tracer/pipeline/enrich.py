@@ -75,17 +75,24 @@ class WatchSet:
         self._sampled_ids: set[int] = set()
 
     def seed_pid(self, pid: int) -> None:
-        """Watch a running process and its descendants."""
+        """Watch a running process and its descendants: not the recorder and what it runs
+        (``--pid 1`` has them among its descendants), unless the target is one of those."""
         self.watch_pid(pid)
         try:
+            me = psutil.Process(os.getpid())
+            mine = {os.getpid(), *(p.pid for p in me.children(recursive=True))}
+            if pid in mine:
+                mine = set()
             for child in psutil.Process(pid).children(recursive=True):
-                self.watch_pid(child.pid)
+                if child.pid not in mine:
+                    self.watch_pid(child.pid)
         except psutil.Error:
             pass
 
-    def watch_pid(self, pid: int) -> None:
-        self.kernel.watch_pid(pid)
-        self._know(pid)
+    def watch_pid(self, pid: int, *, command: bool = False) -> None:
+        # (the recorder's own helpers are refused by the kernel side: not known either)
+        if self.kernel.watch_pid(pid, command=command):
+            self._know(pid)
 
     def enrich(self, events: list[Event]) -> list[Event]:
         every = self.every
