@@ -128,7 +128,10 @@ struct {
 } lost SEC(".maps");
 
 /* oom_control seen by the fentry/kprobe rung, keyed by the OOM-ing thread, consumed by
- * mark_victim in the same call chain (oom_kill_process -> __oom_kill_process -> mark_victim). */
+ * mark_victim in the same call chain (oom_kill_process -> __oom_kill_process -> mark_victim),
+ * and deleted when oom_kill_process returns (fexit/kretprobe): out_of_memory() also marks a
+ * victim without it (task_will_free_mem(current): a task already exiting), and that must not
+ * reuse the context of an earlier OOM of the same thread. */
 struct oom_ctx {
 	__u64 memcg_ptr;
 	__u64 ts_ns;
@@ -430,8 +433,9 @@ int exit_tp_dedup(void *ctx)
 
 /* ---------------------------------------------------------------------------------------- */
 /* Fatal signals (signal/signal_generate, from __send_signal_locked()). The sender is the current
- * task. The OOM killer's own SIGKILL arrives here too, with si_code SI_KERNEL, right after
- * mark_victim: user space links it to the OOM kill instead of counting a second cause. */
+ * task. The OOM killer's own SIGKILL arrives here too, with si_code SI_KERNEL, right before
+ * mark_victim (__oom_kill_process() sends it, then marks the victim): user space links it to
+ * the OOM kill instead of counting a second cause. */
 
 static __always_inline int handle_signal(int sig, int si_code, struct task_struct *target,
 					 __u32 target_pid, const char *target_comm, int group,
@@ -540,6 +544,29 @@ SEC("kprobe/oom_kill_process")
 int BPF_KPROBE(oom_kprobe, struct oom_control *oc, const char *message)
 {
 	note_oc(oc, WR_RUNG_KPROBE);
+	return 0;
+}
+
+/* Every victim of this OOM, memory.oom.group members included, was marked inside
+ * oom_kill_process(): its context is spent. */
+static __always_inline void forget_oc(void)
+{
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+
+	bpf_map_delete_elem(&oom_ctxs, &tid);
+}
+
+SEC("fexit/oom_kill_process")
+int BPF_PROG(oom_fexit)
+{
+	forget_oc();
+	return 0;
+}
+
+SEC("kretprobe/oom_kill_process")
+int BPF_KRETPROBE(oom_kretprobe)
+{
+	forget_oc();
 	return 0;
 }
 
@@ -790,7 +817,7 @@ int BPF_PROG(exec_raw, struct task_struct *task, pid_t old_pid, struct linux_bin
 /* Memory pressure: reclaim stalls and memory.high throttling of watched tasks.
  *
  * A begin hook stores (start time, cgroup being reclaimed, kind) per thread; the matching end
- * hook adds the duration to a per-(cgroup, kind) aggregate that user space drains once a second,
+ * hook adds the duration to a per-(cgroup, kind) aggregate that user space reads once a second,
  * and sends a record only for a stall of at least cfg.stall_threshold_ns: a reclaim storm costs
  * map updates, not ring-buffer traffic.
  *
@@ -809,13 +836,32 @@ struct reclaim_start {
 	__u32 rung;
 };
 
+/* Stalls of different kinds nest (the over-high handler reclaims inside itself), and a thread
+ * id is reused: the key is (thread, its start time, kind). LRU, so starts whose end never came
+ * (a kretprobe that missed its return, a thread killed in reclaim) cannot fill it. */
+struct reclaim_start_key {
+	__u32 tid;
+	__u32 kind;
+	__u64 task_start_ns;
+};
+
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 16384);
-	__type(key, __u64); /* kind << 32 | thread id: stalls of different kinds nest */
+	__type(key, struct reclaim_start_key);
 	__type(value, struct reclaim_start);
 } reclaim_starts SEC(".maps");
 
+/* A start older than this is a leftover whose end was missed, not a stall: closing it would
+ * report an inflated duration. The memory.high penalty sleeps at most 2 s a pass
+ * (MEMCG_MAX_HIGH_DELAY_JIFFIES); direct reclaim of a minute is a hung host, long past any
+ * verdict's window. */
+#define STALE_START_NS (60ULL * 1000000000ULL)
+
+/* Per-(cgroup, kind) totals since the recording began. User space reads them and takes
+ * differences; it does not delete an entry to reset it, because a stall_end holding the entry
+ * would then add to freed memory (a lost increment). Entries idle for a minute are retired by
+ * user space (Probe.drain_reclaim). max_ns here is the largest since the beginning. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 4096);
@@ -823,11 +869,20 @@ struct {
 	__type(value, struct wr_reclaim_stats);
 } reclaim_stats SEC(".maps");
 
+/* The longest stall per (cgroup, kind) since the last drain, which takes and deletes it (a max
+ * racing the delete is lost: only this summary field, never a count). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct wr_reclaim_key);
+	__type(value, __u64);
+} reclaim_max SEC(".maps");
+
 /* [0] kswapd wake-ups, [1] aggregate updates that found reclaim_stats full, [2] cgroups that
- * found watched_cgroups full */
+ * found watched_cgroups full, [3] stale stall starts dropped (their end was missed) */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 3);
+	__uint(max_entries, 4);
 	__type(key, __u32);
 	__type(value, __u64);
 } pressure_counters SEC(".maps");
@@ -844,16 +899,23 @@ static __always_inline int stall_begin(__u32 kind, struct mem_cgroup *memcg, __u
 {
 	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
 	__u32 tgid = BPF_CORE_READ(task, tgid);
-	__u32 tid = (__u32)bpf_get_current_pid_tgid();
 	struct reclaim_start st = {};
-	__u64 key = (__u64)kind << 32 | tid;
+	struct reclaim_start_key key = {
+		.tid = (__u32)bpf_get_current_pid_tgid(),
+		.kind = kind,
+		.task_start_ns = BPF_CORE_READ(task, start_boottime),
+	};
 
 	if (tgid == cfg.self_tgid || !is_watched(task, tgid))
 		return 0;
 	/* Before the inline wrapper (e.g. 6.1, 5.10) the over-high handler runs on every return to
-	 * user space and returns at once when nothing is over memory.high: not a throttle. */
-	if (kind == WR_STALL_HIGH && !BPF_CORE_READ(task, memcg_nr_pages_over_high))
+	 * user space and returns at once when nothing is over memory.high: not a throttle. Its
+	 * return hook still fires: a start left from a pass whose end was missed must not be
+	 * closed by it. */
+	if (kind == WR_STALL_HIGH && !BPF_CORE_READ(task, memcg_nr_pages_over_high)) {
+		bpf_map_delete_elem(&reclaim_starts, &key);
 		return 0;
+	}
 	st.ts_ns = bpf_ktime_get_boot_ns();
 	st.kind = kind;
 	st.rung = rung;
@@ -872,18 +934,26 @@ static __always_inline int stall_begin(__u32 kind, struct mem_cgroup *memcg, __u
 static __always_inline int stall_end(__u32 kind, __u64 reclaimed_pages)
 {
 	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
-	__u32 tid = (__u32)bpf_get_current_pid_tgid();
-	__u64 skey = (__u64)kind << 32 | tid;
+	struct reclaim_start_key skey = {
+		.tid = (__u32)bpf_get_current_pid_tgid(),
+		.kind = kind,
+		.task_start_ns = BPF_CORE_READ(task, start_boottime),
+	};
 	struct reclaim_start *st = bpf_map_lookup_elem(&reclaim_starts, &skey);
 	struct wr_reclaim_key key = {};
 	struct wr_reclaim_stats *agg, zero = {};
 	struct wr_stall *e;
-	__u64 now, dur;
+	__u64 now, dur, *longest;
 
 	if (!st)
 		return 0;
 	now = bpf_ktime_get_boot_ns();
 	dur = now - st->ts_ns;
+	if (dur > STALE_START_NS) {
+		bpf_map_delete_elem(&reclaim_starts, &skey);
+		bump_counter(3);
+		return 0;
+	}
 	key.cgroup_id = st->memcg_id;
 	key.kind = st->kind;
 
@@ -903,6 +973,11 @@ static __always_inline int stall_end(__u32 kind, __u64 reclaimed_pages)
 		if (dur > agg->max_ns)
 			agg->max_ns = dur; /* racy max: good enough for a summary */
 	}
+	longest = bpf_map_lookup_elem(&reclaim_max, &key);
+	if (!longest)
+		bpf_map_update_elem(&reclaim_max, &key, &dur, BPF_NOEXIST);
+	else if (dur > *longest)
+		*longest = dur;
 
 	if (dur >= cfg.stall_threshold_ns) {
 		e = reserve(sizeof(*e));

@@ -458,3 +458,56 @@ def test_a_full_watched_cgroup_table_is_counted_not_fatal(
         assert probe.watched_cgroups_refused() == 2
     finally:
         probe.close()
+
+
+# -- reclaim summaries lose no stall -------------------------------------------------------------
+
+# Page cache of its own beyond the limit, read back twice: reclaim stalls, no OOM.
+CACHE_CHURN = """
+import os, sys
+path = sys.argv[1]
+with open(path, "wb") as f:
+    for _ in range(96):
+        f.write(os.urandom(1 << 20))
+for _ in range(3):
+    with open(path, "rb") as f:
+        while f.read(1 << 20):
+            pass
+os.unlink(path)
+"""
+
+
+def test_every_stall_is_counted_once_in_the_summaries(
+    tmp_path: Path, parent_cgroup: str, layout: CgroupLayout
+) -> None:
+    """With a zero threshold every stall is also a record of its own: the per-cgroup summaries,
+    drained while stalls end, must count exactly as many (a reset by deletion lost the ones
+    ending during a drain)."""
+    from tracer.events import ReclaimStall, ReclaimSummary
+
+    scratch = Path("/var/tmp") / f"wr-test-churn-{os.getpid()}"  # on disk: reclaimable
+    try:
+        with ChildCgroup(
+            parent_cgroup, f"wr-test-churn-{os.getpid()}", 32 * MiB, layout=layout
+        ) as cg:
+            procs = os.path.join(cg.abs_path, "cgroup.procs")
+            argv = ["sh", "-c", f'echo $$ > {procs} && exec "$@"', "sh", sys.executable]
+            res = Recorder(
+                str(tmp_path / "churn.trace"),
+                Targets(command=[*argv, "-c", CACHE_CHURN, str(scratch)]),
+                duration=120,
+                stall_threshold_ns=0,
+            ).run()
+    finally:
+        scratch.unlink(missing_ok=True)
+    assert res.command_status == 0 and res.lost == 0
+    events = read_trace(res.path or "").events
+    stalls = Counter(
+        (e.cgroup_id, e.kind) for e in events if isinstance(e, ReclaimStall) and e.kind == "memcg"
+    )
+    counted: Counter[tuple[int, str]] = Counter()
+    for e in events:
+        if isinstance(e, ReclaimSummary) and e.kind == "memcg":
+            counted[(e.cgroup_id, e.kind)] += e.count
+    assert sum(stalls.values()) > 0, "no reclaim stall: the workload did not press its limit"
+    assert counted == stalls

@@ -8,6 +8,9 @@
  *   mtwork segv THREADS            the last worker dereferences NULL (a core dump is allowed)
  *   mtwork abort THREADS           the last worker calls abort() (thread-directed SIGABRT)
  *   mtwork exit THREADS CODE       the last worker calls exit(CODE)
+ *   mtwork touch THREADS SECS MIB  each thread touches MIB MiB of its own, 256 KiB at a time,
+ *                                  for at most SECS seconds; then exit 0 (memory.high tests:
+ *                                  every thread is throttled on its own way back to user space)
  *   mtwork storm N OUT [spin]      forks N children of 2-4 threads each (mode wait), SIGKILLs
  *                                  each once its threads run, reaps it, and writes
  *                                  "PID STATUS" per child to OUT (the wait status wait() saw)
@@ -24,6 +27,7 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 static const char *mode;
@@ -120,6 +124,52 @@ static void storm(int n, const char *out)
 	fclose(f);
 }
 
+static double touch_secs;
+static long touch_mib;
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static void *toucher(void *arg)
+{
+	double deadline = now_s() + touch_secs;
+	char name[16];
+
+	snprintf(name, sizeof(name), "wrk%ld", (long)arg);
+	pthread_setname_np(pthread_self(), name);
+	pthread_barrier_wait(&started);
+	for (long kib = 0; kib < touch_mib * 1024 && now_s() < deadline; kib += 256) {
+		char *p = mmap(NULL, 256 << 10, PROT_READ | PROT_WRITE,
+			       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+		if (p == MAP_FAILED)
+			break;
+		memset(p, 1, 256 << 10);
+	}
+	return NULL;
+}
+
+static void touch(int n)
+{
+	pthread_t t[1024];
+
+	if (n > 1024)
+		n = 1024;
+	pthread_barrier_init(&started, NULL, (unsigned)n);
+	for (long i = 0; i < n; i++)
+		if (pthread_create(&t[i], NULL, toucher, (void *)(i + 1))) {
+			perror("pthread_create");
+			exit(100);
+		}
+	for (int i = 0; i < n; i++)
+		pthread_join(t[i], NULL);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc < 3) {
@@ -132,6 +182,14 @@ int main(int argc, char **argv)
 			return 2;
 		spin = argc > 4 && !strcmp(argv[4], "spin");
 		storm(atoi(argv[2]), argv[3]);
+		return 0;
+	}
+	if (!strcmp(mode, "touch")) {
+		if (argc < 5)
+			return 2;
+		touch_secs = atof(argv[3]);
+		touch_mib = atol(argv[4]);
+		touch(atoi(argv[2]));
 		return 0;
 	}
 	if (argc > 3)

@@ -18,9 +18,17 @@ import threading
 from dataclasses import dataclass, field
 
 from tracer.bpf import layout
-from tracer.bpf.libbpf import BpfObject, Link, Map, lib
+from tracer.bpf.libbpf import (
+    BpfObject,
+    Link,
+    Map,
+    attach_kretprobe_maxactive,
+    lib,
+    remove_stale_kprobe_events,
+)
 from tracer.bpf.objects import default_object
 from tracer.errors import BpfError, KernelUnsupported
+from tracer.sources import system
 
 # hook -> [(rung, programs)], best first; a rung is used only if all its programs attach.
 # "oom_context" does not emit: it lets mark_victim read oom_control (the exact memcg) instead of
@@ -35,7 +43,10 @@ LADDERS: dict[str, list[tuple[str, tuple[str, ...]]]] = {
     ],
     "signal": [("tp_btf", ("signal_btf",)), ("tracepoint", ("signal_tp",))],
     "oom": [("tp_btf", ("oom_btf",)), ("tracepoint", ("oom_tp",))],
-    "oom_context": [("fentry", ("oom_fentry",)), ("kprobe", ("oom_kprobe",))],
+    "oom_context": [
+        ("fentry", ("oom_fentry", "oom_fexit")),
+        ("kprobe", ("oom_kprobe", "oom_kretprobe")),
+    ],
     "fork": [("tp_btf", ("fork_btf",)), ("raw_tp", ("fork_raw",))],
     "exec": [("tp_btf", ("exec_btf",)), ("raw_tp", ("exec_raw",))],
     "cgroup_mkdir": [("tp_btf", ("cgroup_mkdir_btf",)), ("raw_tp", ("cgroup_mkdir_raw",))],
@@ -56,6 +67,9 @@ LADDERS: dict[str, list[tuple[str, tuple[str, ...]]]] = {
         ("kprobe", ("high_kprobe", "high_kretprobe")),
     ],
 }
+# An aggregate of stalls unchanged for this many drains (a minute at one a second) leaves the
+# kernel's table: its cgroup is idle or gone.
+RECLAIM_IDLE_DRAINS = 60
 # Without these, there is nothing to attribute an exit to.
 REQUIRED = ("exit",)
 # Hooks whose absence is normal on some kernels and only lowers precision.
@@ -119,6 +133,8 @@ class Attached:
     rungs: dict[str, str | None] = field(default_factory=dict)
     failures: dict[str, list[str]] = field(default_factory=dict)
     refused_at_load: dict[str, str] = field(default_factory=dict)
+    # programs attached with less than intended (a kretprobe with the default maxactive)
+    degraded: dict[str, str] = field(default_factory=dict)
 
 
 class KernelHooks:
@@ -138,6 +154,9 @@ class KernelHooks:
         self.watched_cgroups: Map = self.obj.map("watched_cgroups")
         self.lost: Map = self.obj.map("lost")
         self.reclaim_stats: Map = self.obj.map("reclaim_stats")
+        self.reclaim_max: Map = self.obj.map("reclaim_max")
+        # (cgroup id, kind) -> (the totals last read, drains since they last changed)
+        self._reclaim_seen: dict[tuple[int, int], tuple[layout.WrReclaimStats, int]] = {}
         self.pressure_counters: Map = self.obj.map("pressure_counters")
         self.clean_exits: Map = self.obj.map("clean_exits")
         self.cgroups_gone: Map = self.obj.map("cgroups_gone")
@@ -172,6 +191,9 @@ class KernelHooks:
         for name in disabled:
             self.attached.refused_at_load[name] = "switched off by the caller"
         self.high_handler = kernel_function(HIGH_HANDLERS)
+        tracefs = system.tracefs_events_dir()
+        if tracefs is not None:
+            remove_stale_kprobe_events(tracefs)
         if self.high_handler is None:
             for name in RETARGETED:
                 self.attached.refused_at_load[name] = "no memory.high handler in kallsyms"
@@ -235,7 +257,7 @@ class KernelHooks:
                         target = (
                             self.high_handler if name in ("high_kprobe", "high_kretprobe") else None
                         )
-                        links.append(self.obj.program(name).attach(target))
+                        links.append(self._attach(name, target))
                 except BpfError as exc:
                     for link in links:
                         link.destroy()
@@ -253,6 +275,23 @@ class KernelHooks:
                     "check `whyrestart doctor`: the kernel needs BTF and tracepoints",
                 )
         return self.attached
+
+    def _attach(self, name: str, target: str | None) -> Link:
+        prog = self.obj.program(name)
+        if not prog.section.startswith("kretprobe"):
+            return prog.attach(target)
+        # a kretprobe: through a tracefs event with room for many callers in flight, else
+        # libbpf's own attach with the kernel's default (see KRETPROBE_MAXACTIVE)
+        function = target or prog.section.partition("/")[2]
+        tracefs = system.tracefs_events_dir()
+        if tracefs is not None:
+            try:
+                return attach_kretprobe_maxactive(prog, function, tracefs)
+            except BpfError as exc:
+                self.attached.degraded[name] = f"default maxactive: {exc.message}"
+        else:
+            self.attached.degraded[name] = "default maxactive: tracefs is not mounted"
+        return prog.attach(target)
 
     # -- maps -------------------------------------------------------------------------------
 
@@ -314,15 +353,40 @@ class KernelHooks:
         return self.lost.percpu_sum_u64(0)
 
     def drain_reclaim(self) -> list[tuple[int, int, layout.WrReclaimStats]]:
-        """Take (and reset) the per-(cgroup, kind) reclaim aggregates: [(cgroup id, kind,
-        stats)]. Atomic per entry (lookup-and-delete), so no stall is counted twice or lost
-        between two drains."""
+        """The stalls per (cgroup, kind) since the last call: [(cgroup id, kind, stats)].
+
+        The kernel's totals only grow (see reclaim_stats in the C file): the differences from
+        the last reading are the news, and no stall ending during a drain is lost. max_ns is
+        the longest since the last drain (reclaim_max, taken and deleted). An entry idle for
+        RECLAIM_IDLE_DRAINS drains is retired, so a churn of cgroups cannot fill the table."""
         out = []
+        seen = set()
         for key in self.reclaim_stats.keys(layout.WrReclaimKey):
-            stats = layout.WrReclaimStats()
-            if self.reclaim_stats.pop(key, stats):
-                assert isinstance(key, layout.WrReclaimKey)
-                out.append((int(key.cgroup_id), int(key.kind), stats))
+            assert isinstance(key, layout.WrReclaimKey)
+            ident = (int(key.cgroup_id), int(key.kind))
+            if ident in seen:  # (a listing that races an insert may repeat a key)
+                continue
+            seen.add(ident)
+            cur = layout.WrReclaimStats()
+            if not self.reclaim_stats.lookup(key, cur):
+                continue
+            last, idle = self._reclaim_seen.get(ident, (None, 0))
+            news = layout.WrReclaimStats(
+                count=cur.count - (last.count if last else 0),
+                total_ns=cur.total_ns - (last.total_ns if last else 0),
+                reclaimed_pages=cur.reclaimed_pages - (last.reclaimed_pages if last else 0),
+            )
+            longest = ctypes.c_uint64(0)
+            self.reclaim_max.pop(key, longest)
+            news.max_ns = longest.value
+            if news.count:
+                self._reclaim_seen[ident] = (cur, 0)
+                out.append((ident[0], ident[1], news))
+            elif idle + 1 >= RECLAIM_IDLE_DRAINS:
+                self.reclaim_stats.delete(key)
+                del self._reclaim_seen[ident]
+            else:
+                self._reclaim_seen[ident] = (cur, idle + 1)
         return out
 
     def clean_exit_counts(self) -> dict[int, int]:

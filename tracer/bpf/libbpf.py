@@ -17,6 +17,7 @@ so that a failed load can show the verifier's reason.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
@@ -103,6 +104,7 @@ class _Lib:
                 [c_void_p, ctypes.c_bool, c_int, c_char_p, c_size_t],
             ),
             "bpf_program__set_attach_target": (c_int, [c_void_p, c_int, c_char_p]),
+            "bpf_program__attach_perf_event": (c_void_p, [c_void_p, c_int]),
             "bpf_link__destroy": (c_int, [c_void_p]),
             "bpf_map__fd": (c_int, [c_void_p]),
             "bpf_map__reuse_fd": (c_int, [c_void_p, c_int]),
@@ -263,13 +265,110 @@ class Program:
 
 
 class Link:
-    def __init__(self, ptr: int) -> None:
+    def __init__(self, ptr: int, on_destroy: Callable[[], None] | None = None) -> None:
         self.ptr: int | None = ptr
+        self._on_destroy = on_destroy
 
     def destroy(self) -> None:
         if self.ptr:
             lib().dll.bpf_link__destroy(self.ptr)
             self.ptr = None
+            if self._on_destroy is not None:
+                self._on_destroy()
+
+
+# -- kretprobes with room for many sleeping callers -------------------------------------------
+
+# A kretprobe can follow this many calls in flight at once (the kernel's ceiling for a tracefs
+# kprobe event, KRETPROBE_MAXACTIVE_MAX). The default, max(10, 2 x CPUs), is what perf-event
+# kprobes (libbpf's attach) get, and it cannot be raised there: threads asleep in the
+# memory.high penalty or in reclaim beyond it lose their return (nmissed), and their stall is
+# never closed. A tracefs kprobe event takes "r<maxactive>:".
+KRETPROBE_MAXACTIVE = 4096
+_KPROBE_GROUP = "whyrestart_"  # + the recorder's pid: events of a dead recorder can be told
+_PERF_TYPE_TRACEPOINT = 2
+_PERF_FLAG_FD_CLOEXEC = 8
+_NR_PERF_EVENT_OPEN = {"x86_64": 298, "aarch64": 241}
+
+
+class _PerfEventAttr(ctypes.Structure):
+    # the fields up to config, then the rest of PERF_ATTR_SIZE_VER0 (64 bytes) as zeros
+    _fields_ = [
+        ("type", ctypes.c_uint32),
+        ("size", ctypes.c_uint32),
+        ("config", ctypes.c_uint64),
+        ("sample_period", ctypes.c_uint64),
+        ("rest", ctypes.c_uint8 * 40),
+    ]
+
+
+def _kprobe_events(tracefs: str, line: str) -> None:
+    with open(os.path.join(tracefs, "kprobe_events"), "a") as f:
+        f.write(line + "\n")
+
+
+def remove_stale_kprobe_events(tracefs: str) -> None:
+    """Remove kprobe events left by recorders that died without cleaning up."""
+    try:
+        with open(os.path.join(tracefs, "kprobe_events")) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return
+    for ln in lines:
+        # r4096:whyrestart_1234/high_kretprobe __mem_cgroup_handle_over_high
+        name = ln.split(" ", 1)[0].partition(":")[2]
+        group = name.partition("/")[0]
+        if group.startswith(_KPROBE_GROUP):
+            pid = group[len(_KPROBE_GROUP) :]
+            if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+                with contextlib.suppress(OSError):
+                    _kprobe_events(tracefs, f"-:{name}")
+
+
+def attach_kretprobe_maxactive(prog: Program, function: str, tracefs: str) -> Link:
+    """Attach a kretprobe program to ``function`` through a tracefs kprobe event with room for
+    KRETPROBE_MAXACTIVE calls in flight; the event is removed with the link."""
+    nr = _NR_PERF_EVENT_OPEN.get(os.uname().machine)
+    if nr is None:
+        raise BpfError(f"attaching {prog.section} with maxactive", errno.ENOTSUP)
+    group = f"{_KPROBE_GROUP}{os.getpid()}"
+    name = f"{group}/{prog.name}"
+    step = f"adding kprobe event r{KRETPROBE_MAXACTIVE}:{name} {function}"
+    try:
+        _kprobe_events(tracefs, f"r{KRETPROBE_MAXACTIVE}:{name} {function}")
+    except OSError as exc:
+        raise BpfError(step, exc.errno or errno.EINVAL) from exc
+
+    def remove() -> None:
+        with contextlib.suppress(OSError):
+            _kprobe_events(tracefs, f"-:{name}")
+
+    try:
+        with open(os.path.join(tracefs, "events", group, prog.name, "id")) as f:
+            event_id = int(f.read())
+        attr = _PerfEventAttr(
+            type=_PERF_TYPE_TRACEPOINT,
+            size=ctypes.sizeof(_PerfEventAttr),
+            config=event_id,
+            sample_period=1,
+        )
+        libc = ctypes.CDLL(None, use_errno=True)
+        # pid -1, cpu 0: a BPF program on a trace event runs for every CPU
+        pfd = libc.syscall(nr, ctypes.byref(attr), -1, 0, -1, _PERF_FLAG_FD_CLOEXEC)
+        if pfd < 0:
+            raise BpfError(f"opening perf event for {name}", ctypes.get_errno())
+        link = lib().dll.bpf_program__attach_perf_event(prog.ptr, pfd)
+        if not link:
+            err = _err()
+            os.close(pfd)
+            raise BpfError(f"attaching {prog.section} to {name}", err)
+    except (OSError, ValueError) as exc:
+        remove()
+        raise BpfError(step, getattr(exc, "errno", None) or errno.EINVAL) from exc
+    except BpfError:
+        remove()
+        raise
+    return Link(link, on_destroy=remove)
 
 
 class Map:
