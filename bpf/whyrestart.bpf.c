@@ -76,7 +76,7 @@ struct {
 /* Ids of cgroups removed from the tracked hierarchy (cgroup ids are never reused). User space
  * adds a followed container's new cgroup a few milliseconds after its mkdir record; if the
  * cgroup is already gone by then (a container that dies at once), its rmdir has passed, and
- * user space finds the id here and takes it out again (Probe.watch_cgroup). */
+ * user space finds the id here and takes it out again (KernelHooks.watch_cgroup). */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 4096);
@@ -99,9 +99,9 @@ struct {
 /* The recorder's own helpers (ldconfig, podman inspect, ...) and their descendants, by tgid:
  * never evidence, whatever the filter (--all, --pid 1, a cgroup that holds the recorder). A
  * process forked by one of the recorder's threads is a helper from its fork on, and so are its
- * descendants; user space unmarks the recorded command (Probe.watch_pid(command=True)). Threads,
- * not the whole process: a program that runs the recorder in a thread of its own (the tests,
- * a library user) starts its workloads from its other threads. An entry leaves at its
+ * descendants; user space unmarks the recorded command (KernelHooks.watch_pid(command=True)).
+ * Threads, not the whole process: a program that runs the recorder in a thread of its own (the
+ * tests, a library user) starts its workloads from its other threads. An entry leaves at its
  * process's exit (a pid may be reused). */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -110,7 +110,7 @@ struct {
 	__type(value, __u8);
 } helpers SEC(".maps");
 
-/* The recorder's threads, by thread id: the one that loaded this object (Probe), and every
+/* The recorder's threads, by thread id: the one that loaded this object (KernelHooks), and every
  * thread created by one of them since. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -729,9 +729,10 @@ int oom_tp(struct trace_event_raw_mark_victim *ctx)
 
 /* ---------------------------------------------------------------------------------------- */
 /* Lifecycle: a watched process's new processes are watched too (its new threads only go into
- * watched_threads, for the classic tracepoints). Fork records are only sent when filtering (under --all every exit is reported anyway
- * and a fork storm would double the ring traffic). raw_tp twins carry the same arguments as
- * tp_btf and are the fallback where tp_btf is missing. */
+ * watched_threads, for the classic tracepoints). Fork records are only sent when filtering
+ * (under --all every exit is reported anyway and a fork storm would double the ring traffic).
+ * raw_tp twins carry the same arguments as tp_btf and are the fallback where tp_btf is
+ * missing. */
 
 static __always_inline int handle_fork(struct task_struct *parent, struct task_struct *child,
 				       __u16 rung)
@@ -861,7 +862,7 @@ struct {
 /* Per-(cgroup, kind) totals since the recording began. User space reads them and takes
  * differences; it does not delete an entry to reset it, because a stall_end holding the entry
  * would then add to freed memory (a lost increment). Entries idle for a minute are retired by
- * user space (Probe.drain_reclaim). max_ns here is the largest since the beginning. */
+ * user space (KernelHooks.drain_reclaim). max_ns here is the largest since the beginning. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 4096);

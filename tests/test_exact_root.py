@@ -392,7 +392,7 @@ def test_a_followed_cgroup_recreated_2000_times_keeps_the_table_bounded(
         follow_cgroups=1,
         hierarchy_id=memory_hierarchy_id(layout),
     )
-    probe = hooks.Probe(config)
+    probe = hooks.KernelHooks(config)
     events: list[Event] = []
     sizes: list[int] = []
     try:
@@ -442,7 +442,7 @@ def test_a_full_watched_cgroup_table_is_counted_not_fatal(
         follow_cgroups=1,
         hierarchy_id=memory_hierarchy_id(layout),
     )
-    probe = hooks.Probe(config)
+    probe = hooks.KernelHooks(config)
     try:
         probe.attach()
         # ids no cgroup has (kernfs ids are far below 2**62)

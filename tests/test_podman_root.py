@@ -249,7 +249,7 @@ def test_a_crash_looping_container_keeps_the_watched_cgroup_table_bounded(
     sizes: list[int] = []
     refused: list[int] = []
 
-    class Probe(hooks.Probe):
+    class Hooks(hooks.KernelHooks):
         def watch_cgroup(self, cgroup_id: int) -> bool:
             ok = super().watch_cgroup(cgroup_id)
             sizes.append(len({k.value for k in self.watched_cgroups.keys(ctypes.c_uint64)}))  # type: ignore[arg-type, attr-defined]
@@ -259,7 +259,7 @@ def test_a_crash_looping_container_keeps_the_watched_cgroup_table_bounded(
             refused.append(self.watched_cgroups_refused())
             super().close()
 
-    monkeypatch.setattr(hooks, "Probe", Probe)
+    monkeypatch.setattr(hooks, "KernelHooks", Hooks)
     n = CRASH_LOOP_RESTARTS
     podman(
         "create", "--name", name, "--network=none", f"--restart=on-failure:{n}", IMAGE,

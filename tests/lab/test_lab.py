@@ -486,7 +486,7 @@ def test_64_threads_throttled_at_once_are_each_closed_on_the_kprobe_rung(
     left: list[int] = []
     profile: list[list[str]] = []
 
-    class Probe(hooks.Probe):
+    class Hooks(hooks.KernelHooks):
         def close(self) -> None:
             starts = self.obj.map("reclaim_starts").keys(_StartKey)
             left.append(sum(1 for k in starts if k.kind == 3))  # type: ignore[attr-defined]
@@ -496,7 +496,7 @@ def test_64_threads_throttled_at_once_are_each_closed_on_the_kprobe_rung(
                 profile.extend(ln.split() for ln in text.splitlines() if f"_{os.getpid()}/" in ln)
             super().close()
 
-    monkeypatch.setattr(hooks, "Probe", Probe)
+    monkeypatch.setattr(hooks, "KernelHooks", Hooks)
     with ChildCgroup(
         parent, "wr-lab-high64", 512 * MiB, high_bytes=16 * MiB, layout=cg_layout
     ) as cg:
