@@ -368,8 +368,8 @@ def test_a_followed_cgroup_recreated_2000_times_keeps_the_table_bounded(
 ) -> None:
     """A cgroup recreated 2,000 times at a followed path (by a process that is no descendant
     of the recorder: its processes are watched only through the cgroup): the kernel watches
-    each new cgroup at its mkdir and forgets it at its rmdir. Every exit is seen, and the
-    table never holds more than the live one."""
+    each new cgroup at its mkdir and forgets it at its rmdir. Every exit is seen, the table
+    holds the live one (and none at the end)."""
 
     from tracer.bpf import hooks
     from tracer.bpf import layout as bpf_layout
@@ -424,7 +424,9 @@ def test_a_followed_cgroup_recreated_2000_times_keeps_the_table_bounded(
     codes = Counter(e.status >> 8 for e in events if isinstance(e, Exit) and e.comm == "sh")
     assert codes == Counter({3: LOOPS})
     assert (left, refused) == (0, 0)
-    assert max(sizes) <= 1, sizes
+    # (a listing that races the loop's rmdir + mkdir can see the old id and the new one: 2;
+    # without the rmdir hook it grew to the table's 1,024 and the rest went unwatched)
+    assert max(sizes) <= 2, sizes
 
 
 def test_a_full_watched_cgroup_table_is_counted_not_fatal(
