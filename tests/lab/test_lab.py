@@ -194,10 +194,13 @@ def delta(before: dict[str, int], after: dict[str, int], key: str) -> int:
     return after.get(key, 0) - before.get(key, 0)
 
 
-def victim_cgroup(res: RecordResult, cgroup_id: int) -> int:
-    """The victim's cgroup id as the OOM event has it: the tracepoint rung's record names the
-    victim by pid only (0), tp_btf has the task."""
-    return cgroup_id if res.header.hooks["oom"] == "tp_btf" else 0
+def victim_cgroup(res: RecordResult, cgroup_id: int, oom: OomKill) -> int:
+    """The victim's cgroup id as the OOM event has it: tp_btf has the task; the tracepoint
+    rung's record names the victim by pid only (0), unless the victim is the task whose
+    allocation failed: the current task, whose cgroup is known."""
+    if res.header.hooks["oom"] == "tp_btf" or oom.victim_pid == oom.trigger_pid:
+        return cgroup_id
+    return 0
 
 
 def exits(events: list[Event]) -> list[Exit]:
@@ -248,7 +251,7 @@ def test_oom_kill_gets_the_exact_memcg(
     [oom] = ooms(events)
     assert (oom.rung, oom.victim_pid, oom.memcg) == (variant, hog.pid, True)
     assert (oom.limit_cgroup_id, oom.limit_bytes) == (cid, 48 * MiB)
-    assert oom.victim_cgroup_id == victim_cgroup(res, cid)
+    assert oom.victim_cgroup_id == victim_cgroup(res, cid, oom)
     assert 40 * MiB < oom.usage_bytes <= 48 * MiB
     [kmsg] = kmsg_ooms(events)
     assert (kmsg.victim_pid, kmsg.memcg, kmsg.oom_memcg, kmsg.task_memcg) == (
@@ -291,7 +294,7 @@ def test_limit_on_an_ancestor_is_the_exact_memcg(
         outer_path, outer_id = outer.path, outer.cgroup_id
     [oom] = ooms(events)
     assert (oom.rung, oom.limit_cgroup_id) == (variant, outer_id)
-    assert oom.victim_cgroup_id == victim_cgroup(res, inner_id)
+    assert oom.victim_cgroup_id == victim_cgroup(res, inner_id, oom)
     assert oom.limit_bytes == 40 * MiB
     [kmsg] = kmsg_ooms(events)
     assert (kmsg.oom_memcg, kmsg.task_memcg) == (outer_path, outer_path + "/inner")
@@ -328,7 +331,7 @@ def test_oom_group_kills_every_member_and_each_gets_a_verdict(
     # already set) only the first.
     assert delta(before, after, "oom_kill") in (3, 4), (before, after)
     assert {(o.memcg, o.limit_cgroup_id, o.victim_cgroup_id) for o in kills} == {
-        (True, cid, victim_cgroup(res, cid))
+        (True, cid, victim_cgroup(res, cid, o)) for o in kills
     }
     if "oom_group_kill" in after:  # Linux 5.17+
         assert delta(before, after, "oom_group_kill") == 1
@@ -391,7 +394,7 @@ def test_oom_without_oom_context_walks_to_the_limit(
     [oom] = ooms(events)
     assert (oom.rung, oom.victim_pid, oom.memcg) == (rung, hog.pid, True)
     assert (oom.limit_cgroup_id, oom.limit_bytes) == (outer_id, 40 * MiB)
-    assert oom.victim_cgroup_id == victim_cgroup(res, inner_id)
+    assert oom.victim_cgroup_id == victim_cgroup(res, inner_id, oom)
     [kmsg] = kmsg_ooms(events)
     assert (kmsg.victim_pid, kmsg.oom_memcg) == (hog.pid, outer_path)
     assert delta(before, after, "oom_kill") == 1
@@ -454,7 +457,7 @@ def test_a_global_oom_with_a_cgroup_near_its_limit_is_global(
     kills = ooms(events)
     assert kills, "no OOM kill"
     holder = kills[0]
-    assert holder.victim_cgroup_id == victim_cgroup(res, near_id)
+    assert holder.victim_cgroup_id == victim_cgroup(res, near_id, holder)
     assert (holder.rung, holder.memcg) == (rung, False)
     [kmsg] = [k for k in kmsg_ooms(events) if k.victim_pid == holder.victim_pid]
     assert (kmsg.memcg, kmsg.constraint) == (False, "CONSTRAINT_NONE")
@@ -504,7 +507,7 @@ def test_64_threads_throttled_at_once_are_each_closed_on_the_kprobe_rung(
         res, events = record(
             tmp_path,
             monkeypatch,
-            in_cgroup(cg, str(mtwork), "touch", "64", "4", "2"),
+            in_cgroup(cg, str(mtwork), "touch", "64", "8", "4"),
             disabled=RUNGS["kprobe"],
             stall_threshold_ns=0,
         )
