@@ -157,6 +157,16 @@ def _why(path: Path) -> str:
     return " | ".join(lines[-4:]) or "(empty log)"
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the test process dies, however it dies (a test
+    run killed by a timeout or a crash never reaches the fixture's stop(); its daemon, its
+    containerd and their containers must not outlive it). dockerd stops containerd itself."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
 def start_dockerd(
     root: Path | None = None, extra_args: tuple[str, ...] = (), timeout_s: float = 90
 ) -> DockerEngine:
@@ -186,7 +196,13 @@ def start_dockerd(
         *extra_args,
     ]
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
     engine = DockerEngine(root, socket_path, proc, log_path)
     deadline = time.monotonic() + timeout_s
     while True:
