@@ -13,7 +13,9 @@ STORM = BUILD / "wr-storm"
 MARKER = BUILD / "wr-marker"
 SIGSTORM = BUILD / "wr-sigstorm"
 RECLAIM = BUILD / "wr-reclaim"
+FAIL = BUILD / "wr-fail"
 STORM_COMM = "wr-storm"  # what every storm child's exit carries (children never exec)
+FAIL_COMM = "wr-fail"  # the agent section's OOM victims and fatal-signal deaths
 MARKER_PREFIX = "wrmk"  # marker children name themselves wrmk%05d
 
 
@@ -33,6 +35,7 @@ def build_helpers() -> dict[str, str]:
         ("marker.c", MARKER),
         ("sigstorm.c", SIGSTORM),
         ("reclaim.c", RECLAIM),
+        ("fail.c", FAIL),
     ):
         base = [gcc, "-O2", "-Wall", "-Wextra", "-o", str(out), str(SRC / src)]
         # Static: no dynamic loader work in the children, and a higher storm rate.

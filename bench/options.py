@@ -9,14 +9,24 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 MiB = 1 << 20
 
-SECTIONS = ("storm", "signals", "reclaim", "overflow", "decode", "replay", "soak", "gpuhold")
+SECTIONS = (
+    "storm",
+    "signals",
+    "reclaim",
+    "overflow",
+    "decode",
+    "replay",
+    "soak",
+    "gpuhold",
+    "agent",
+)
 SECTION_VARIANTS = {
     "storm": ("bare", "whyrestart", "bpftrace", "exitsnoop"),
     "signals": ("bare", "whyrestart", "bpftrace", "sigsnoop"),
     "reclaim": ("bare", "whyrestart", "bpftrace"),
 }
 TOOLS = ("bare", "whyrestart", "bpftrace", "exitsnoop", "sigsnoop")
-WHYRESTART_ONLY = ("overflow", "soak", "gpuhold")  # sections that measure whyrestart alone
+WHYRESTART_ONLY = ("overflow", "soak", "gpuhold", "agent")  # sections that measure whyrestart alone
 
 
 @dataclass
@@ -54,6 +64,16 @@ class Options:
     soak_rate: float = 1000.0
     gpuhold_runs: int = 20
     gpuhold_storm: int = 200
+    agent_idle: float = 60.0
+    agent_paced: float = 10.0
+    agent_rate: float = 1000.0
+    agent_storm: float = 10.0
+    agent_fatal: int = 20
+    agent_ooms: int = 5
+    agent_kills: int = 50
+    agent_oom_limit_mib: int = 16
+    agent_soak: float = 180.0
+    agent_soak_rate: float = 200.0
     keep_tmp: bool = False
 
     def pinned(self, cmd: list[str]) -> list[str]:
@@ -207,6 +227,60 @@ def _parser() -> argparse.ArgumentParser:
         default=d.gpuhold_storm,
         help="gpuhold: programs in the fork storm (200)",
     )
+    g.add_argument(
+        "--agent-idle", type=float, default=d.agent_idle, help="agent: idle window, s (60)"
+    )
+    g.add_argument(
+        "--agent-paced", type=float, default=d.agent_paced, help="agent: paced run length, s (10)"
+    )
+    g.add_argument(
+        "--agent-rate",
+        type=float,
+        default=d.agent_rate,
+        help="agent: paced clean exits/s in a child cgroup (1000)",
+    )
+    g.add_argument(
+        "--agent-storm",
+        type=float,
+        default=d.agent_storm,
+        help="agent: length of the unpaced storm mixed with failures, s (10)",
+    )
+    g.add_argument(
+        "--agent-fatal",
+        type=int,
+        default=d.agent_fatal,
+        help="agent: processes killed by a fatal signal during the storm (20)",
+    )
+    g.add_argument(
+        "--agent-ooms",
+        type=int,
+        default=d.agent_ooms,
+        help="agent: cgroup OOM kills during the storm (5)",
+    )
+    g.add_argument(
+        "--agent-kills",
+        type=int,
+        default=d.agent_kills,
+        help="agent: OOM kills timed to /metrics and history (50)",
+    )
+    g.add_argument(
+        "--agent-oom-limit-mib",
+        type=int,
+        default=d.agent_oom_limit_mib,
+        help="agent: memory limit of the OOM kills' cgroup, MiB (16)",
+    )
+    g.add_argument(
+        "--agent-soak",
+        type=float,
+        default=d.agent_soak,
+        help="agent: RSS soak length, s (180; the issue's full soak: 1800)",
+    )
+    g.add_argument(
+        "--agent-soak-rate",
+        type=float,
+        default=d.agent_soak_rate,
+        help="agent: paced exits/s during the soak, mixed codes in a child cgroup (200)",
+    )
     ap.add_argument("--keep-tmp", action="store_true", help="keep the temp dir (its path is shown)")
     return ap
 
@@ -225,6 +299,8 @@ def parse_args(argv: list[str] | None = None) -> Options:
         opts.soak_seconds = 5.0
         opts.overflow_seconds, opts.overflow_stop = 7.0, 4.0
         opts.gpuhold_runs, opts.gpuhold_storm = 2, 20
+        opts.agent_idle, opts.agent_paced, opts.agent_storm, opts.agent_soak = 2.0, 1.0, 1.0, 5.0
+        opts.agent_fatal, opts.agent_ooms, opts.agent_kills = 2, 1, 3
     if opts.rounds < 1 or opts.seconds <= 0:
         ap.error("--rounds and --seconds must be positive")
     bad = [s for s in opts.sections if s not in SECTIONS]

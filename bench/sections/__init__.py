@@ -8,7 +8,7 @@ from pathlib import Path
 from bench.options import Options
 from bench.records import Section
 from bench.runner import Context
-from bench.sections import decode, gpuhold, overflow, reclaim, replay, signals, soak, storm
+from bench.sections import agent, decode, gpuhold, overflow, reclaim, replay, signals, soak, storm
 
 SectionRun = Callable[[Options, Path, Context], Section]
 
@@ -21,4 +21,5 @@ RUNS: dict[str, SectionRun] = {
     "replay": replay.run,
     "soak": soak.run,
     "gpuhold": gpuhold.run,
+    "agent": agent.run,
 }
