@@ -27,6 +27,11 @@ Sections (all of them, in this order, when none is named):
             first allocation at once, recorded --gpuhold-runs times (a fresh stand-in library
             each), and a fork storm of --gpuhold-storm of them: failures caught, holds taken and
             not taken, how long a held program waited.
+  agent     `whyrestart agent` side by side with exitsnoop: CPU at idle and at a paced
+            --agent-rate (1,000) clean exits/s in a child cgroup (against exitsnoop and bare), a
+            storm mixed with non-zero exits, fatal signals and cgroup OOM kills counted back from
+            the agent's segments, OOM kill -> /metrics and -> history latency (--agent-kills),
+            RSS over --agent-soak and the state dir's growth at idle.
 
 Sections with tools (storm, signals, reclaim) run their variants round-robin for --rounds rounds
 (the order rotates every round), each run being:

@@ -31,6 +31,7 @@ TABLES = {
     "replay": ("## Replay throughput (100,001-event", "| what | seconds | events/s |"),
     "soak": ("## Tracer RSS steady state", "| storm children exit | exits made |"),
     "gpuhold": ("## GPU: a program's first driver call", "| what | programs |"),
+    "agent": ("## Agent: CPU at idle and at 1,000 clean exits/s", "| variant | idle CPU %"),
 }
 
 
@@ -117,6 +118,34 @@ def test_counts_that_do_not_depend_on_speed(quick: tuple[str, dict[str, Any]]) -
 
     [soak] = doc["sections"]["soak"]["runs"]
     assert soak["seen"] + soak["lost"] >= soak["work"]["exits"] > 0
+
+
+def test_agent_section_accounts_for_every_failure(quick: tuple[str, dict[str, Any]]) -> None:
+    text, doc = quick
+    agent = doc["sections"]["agent"]
+    for phase in ("bare", "exitsnoop", "agent"):
+        assert "error" not in agent[phase], agent[phase]["error"]
+    rows = _table_rows(text, *TABLES["agent"])
+    assert [row.split("|")[1].strip() for row in rows] == ["bare", "exitsnoop", "whyrestart agent"]
+    a = agent["agent"]
+    # SIGTERM: the agent flushes and exits 0
+    assert a["tool_rc"] == 0 and a["tool_killed"] is False, a.get("stderr_tail")
+    storm = a["storm"]
+    # the workload's own count of what it made, each confirmed by the kernel
+    assert storm["fatal_made"] == 2 and storm["oom_made"] == storm["oom_kills_cgroup"] == 1
+    assert storm["nonzero_made"] > 0
+    # the failures are sent, never filtered: each OOM kill and fatal signal is in the segments,
+    # and a non-zero exit missing from them is one the ring buffer counted lost
+    assert storm["oom_seen"] == storm["oom_made"]
+    assert storm["fatal_seen"] == storm["fatal_made"]
+    assert storm["nonzero_seen"] + storm["lost"] >= storm["nonzero_made"]
+    lat = a["latency"]
+    # every OOM kill reached the journal that `history` reads
+    assert lat["missing"] == 0 and len(lat["history_s"]) == lat["kills"] == 3
+    assert len(lat["metric_s"]) + lat["foreign"] == 3
+    assert "## Agent: storm with failures" in text
+    assert "## Agent: OOM kill -> /metrics and -> history (3 kills)" in text
+    assert "## Agent: RSS soak" in text
 
 
 def test_the_report_names_the_code_it_measured(quick: tuple[str, dict[str, Any]]) -> None:

@@ -522,7 +522,7 @@ def _report(opts: Options, bare: Result, snoop: Result, agent: Result, load: Res
         f"## Agent: storm with failures ({opts.agent_storm:g} s unpaced)",
         "",
         "| exits/s | non-zero exits made | seen | fatal signals made | seen | OOM kills made "
-        "| seen | lost records | agent CPU % | none lost? |",
+        "| seen | lost records (host, agent's whole run) | agent CPU % | none lost? |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     if "nonzero_seen" in st:
@@ -599,7 +599,9 @@ def _report(opts: Options, bare: Result, snoop: Result, agent: Result, load: Res
             "limited to {limit} MiB, the kills confirmed by the cgroup's oom_kill counter) "
             "spread over it on the storm CPU; **seen**: read back from the agent's segments "
             "with TraceReader after it stopped (exit records of the storm's children with a "
-            "non-zero status, of the fatal pids by a signal; OOM records of the victims). "
+            "non-zero status, of the fatal pids by a signal; OOM records of the victims; "
+            "**lost records**: all the Lost records of the agent's run, the host's events "
+            "included). "
             "**kill latency**: {kills} OOM kills one at a time, each in a fresh cgroup "
             "limited to {limit} MiB; from the bench's reaping of the victim to "
             "whyrestart_oom_kills_total rising on /metrics, and to the victim's verdict in the "
