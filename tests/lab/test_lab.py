@@ -15,6 +15,8 @@ variant is skipped with the kernel's reason and the next rung's variant still ru
 
 from __future__ import annotations
 
+import ctypes
+import itertools
 import os
 import signal
 import sys
@@ -461,6 +463,73 @@ def test_a_global_oom_with_a_cgroup_near_its_limit_is_global(
     assert (kmsg.memcg, kmsg.constraint) == (False, "CONSTRAINT_NONE")
     [v] = [v for v in res.verdicts if v.pid == holder.victim_pid]
     assert (v.cause, v.limit_cgroup) == ("global_oom", None)
+
+
+class _StartKey(ctypes.Structure):
+    # struct reclaim_start_key in bpf/whyrestart.bpf.c
+    _fields_ = [("tid", ctypes.c_uint32), ("kind", ctypes.c_uint32), ("start", ctypes.c_uint64)]
+
+
+def test_64_threads_throttled_at_once_are_each_closed_on_the_kprobe_rung(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    parent: str,
+    cg_layout: CgroupLayout,
+    attached: dict[str, hooks.Attached],
+) -> None:
+    """64 threads over memory.high at once, each asleep in the penalty on its own way back to
+    user space: more calls in flight than a kretprobe's default maxactive (max(10, 2 x CPUs)).
+    Attached through a tracefs event with room for them all, the kretprobe misses none, every
+    start is closed (none left in reclaim_starts) and every duration is sane."""
+    from tests.mt import build
+
+    need_rung(attached, "kprobe", "memory_high", "kprobe")
+    if build.gcc() is None:
+        pytest.skip("no C compiler (gcc) to build tests/mt")
+    mtwork = build.mtwork(tmp_path)
+    left: list[int] = []
+    profile: list[list[str]] = []
+
+    class Hooks(hooks.KernelHooks):
+        def close(self) -> None:
+            starts = self.obj.map("reclaim_starts").keys(_StartKey)
+            left.append(sum(1 for k in starts if k.kind == 3))  # type: ignore[attr-defined]
+            tracefs = system.tracefs_events_dir()
+            if tracefs:  # "EVENT HITS MISSES" per kprobe event
+                text = Path(tracefs, "kprobe_profile").read_text()
+                profile.extend(ln.split() for ln in text.splitlines() if f"_{os.getpid()}/" in ln)
+            super().close()
+
+    monkeypatch.setattr(hooks, "KernelHooks", Hooks)
+    with ChildCgroup(
+        parent, "wr-lab-high64", 512 * MiB, high_bytes=16 * MiB, layout=cg_layout
+    ) as cg:
+        res, events = record(
+            tmp_path,
+            monkeypatch,
+            in_cgroup(cg, str(mtwork), "touch", "64", "8", "4"),
+            disabled=RUNGS["kprobe"],
+            stall_threshold_ns=0,
+        )
+        cid = cg.cgroup_id
+    assert res.header.hooks["memory_high"] == "kprobe"
+    [ex] = exits(events)
+    assert ex.wait.code == 0
+    high = stalls(events, "high")
+    assert {(s.pid, s.cgroup_id) for s in high} == {(ex.pid, cid)}
+    # more throttles in flight at once than a default maxactive would follow
+    edges = sorted(e for s in high for e in ((s.ts - s.duration_ns, 1), (s.ts, -1)))
+    at_once = max(itertools.accumulate(step for _, step in edges))
+    default = max(10, 2 * (os.cpu_count() or 1))
+    assert at_once > default, f"only {at_once} throttles at once (default maxactive {default})"
+    print(
+        f"{len(high)} throttles closed, {at_once} at once, by {len({s.comm for s in high})} threads"
+    )
+    # a pass sleeps at most 2 s (MEMCG_MAX_HIGH_DELAY_JIFFIES) after its reclaim
+    assert all(0 < s.duration_ns < 10 * 10**9 for s in high), max(s.duration_ns for s in high)
+    [kret] = [p for p in profile if p[0].endswith("/high_kretprobe")]
+    assert (int(kret[1]) > 0, int(kret[2])) == (True, 0)  # hits, and no miss
+    assert left == [0]
 
 
 # -- memcg reclaim and memory.high throttling ------------------------------------------------------

@@ -303,8 +303,13 @@ class _PerfEventAttr(ctypes.Structure):
 
 
 def _kprobe_events(tracefs: str, line: str) -> None:
-    with open(os.path.join(tracefs, "kprobe_events"), "a") as f:
-        f.write(line + "\n")
+    # one write(2) with O_APPEND (O_TRUNC would clear every kprobe event); not open(..., "a"),
+    # whose seek to the end tracefs refuses with EINVAL
+    fd = os.open(os.path.join(tracefs, "kprobe_events"), os.O_WRONLY | os.O_APPEND)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
 
 
 def remove_stale_kprobe_events(tracefs: str) -> None:
