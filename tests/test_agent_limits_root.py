@@ -54,8 +54,10 @@ def test_the_disk_budget_holds_under_a_storm_of_failures(tmp_path: Path) -> None
         if agent.proc.poll() is None:
             agent.proc.kill()
     used = StateDir(str(state)).used()
-    # the budget is applied at each rotation, and a segment rotates at an eighth of it
-    assert peak <= budget * 1.25, (peak, budget)
+    # the budget is applied at each rotation and every few seconds; in between, the segment
+    # being written (it rotates at an eighth of the budget, flushed each second) and an
+    # incident being cut can stand above it
+    assert peak <= budget * 1.5, (peak, budget)
     assert used <= budget * 1.25, (used, budget)
     assert metric(text, "whyrestart_exits_total") >= 20000  # (the storm was judged, not dropped)
 
