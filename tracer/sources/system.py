@@ -50,12 +50,22 @@ def ensure_tracefs() -> str | None:
     found = tracefs_events_dir()
     if found or os.geteuid() != 0 or not os.path.isdir(TRACEFS):
         return found
-    libc = ctypes.CDLL(None, use_errno=True)
-    # mount(2): source, target, fstype, unsigned long flags, data (flags is no string: the
-    # container image test found the old declaration refusing 0, as a host has tracefs mounted)
-    libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_void_p]
-    libc.mount(b"tracefs", TRACEFS.encode(), b"tracefs", 0, None)
+    mount_fs("tracefs", TRACEFS)
     return tracefs_events_dir()
+
+
+def mount_fs(fstype: str, target: str) -> int:
+    """mount(2) a pseudo file system (source = type, no flags, no data): 0, or the errno.
+    One declaration for every caller: ctypes argtypes belong to the process's one libc
+    function object, so a second, different declaration (bpffs's once said flags was a
+    string) broke the first: the agent in the image mounts both and died on the TypeError."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    # mount(2): source, target, fstype, unsigned long flags, const void *data
+    libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_void_p]
+    libc.mount.restype = ctypes.c_int
+    if libc.mount(fstype.encode(), target.encode(), fstype.encode(), 0, None) == 0:
+        return 0
+    return ctypes.get_errno()
 
 
 BPFFS = "/sys/fs/bpf"
@@ -76,9 +86,7 @@ def ensure_bpffs() -> bool:
         return True
     if os.geteuid() != 0 or not os.path.isdir(BPFFS):
         return False
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mount.argtypes = [ctypes.c_char_p] * 4 + [ctypes.c_void_p]
-    libc.mount(b"bpf", BPFFS.encode(), b"bpf", 0, None)
+    mount_fs("bpf", BPFFS)
     return bpffs_mounted()
 
 
