@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_vagrantfile_validates(tmp_path: Path, env: dict[str, str]) -> None:
     vagrant = shutil.which("vagrant")
     if vagrant is None:
-        pytest.skip("vagrant is not installed (apt-get install vagrant)")
+        pytest.skip("vagrant is not installed: scripts/setup installs it (Debian package vagrant)")
     run_env = {
         **os.environ,
         **env,
