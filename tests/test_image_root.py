@@ -260,3 +260,70 @@ def test_the_agent_in_the_image_as_the_daemonset_runs_it_serves_a_host_oom_kill(
         out.close()
         err.close()
     assert proc.returncode == 0, (tmp_path / "agent.err").read_text()[-3000:]
+
+
+# -- bad input: the checkout's messages, from the image --------------------------------------------
+
+
+def _agent_once(image: str, tmp_path: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            "podman",
+            "run",
+            "--rm",
+            "--network=none",
+            "--pid=host",
+            *flags,
+            image,
+            "agent",
+            "--state-dir=/tmp/state",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=ENV,
+    )
+
+
+def test_without_privileges_doctor_and_agent_name_the_capabilities(
+    image: str, tmp_path: Path
+) -> None:
+    """A container that is not privileged (podman's default capabilities and seccomp profile):
+    the BPF load is refused, and both say so with the fix, as from a checkout."""
+    rc, doc = _doctor(image, "--pid=host")
+    checks = {c["name"]: c for c in doc["checks"]}
+    assert rc == 4 and doc["ok"] is False
+    assert checks["hooks"]["ok"] is False
+    assert "EPERM" in checks["hooks"]["detail"]
+    assert "CAP_BPF, CAP_PERFMON and CAP_SYS_RESOURCE" in checks["hooks"]["fix"]
+    r = _agent_once(image, tmp_path)
+    assert r.returncode == 5, r.stderr[-3000:]
+    first, fix = r.stderr.splitlines()[:2]
+    assert first.startswith("whyrestart: loading ") and first.endswith(
+        "whyrestart.bpf.o: EPERM (Operation not permitted)"
+    ), r.stderr
+    assert fix == "  fix: run as root (or with CAP_BPF, CAP_PERFMON and CAP_SYS_RESOURCE)"
+
+
+def test_a_host_without_btf_gives_the_btf_message(image: str, tmp_path: Path) -> None:
+    """/sys/kernel/btf hidden by an empty directory, as on a kernel built without BTF (the
+    DaemonSet mounts the host's; a host without it has none to mount)."""
+    empty = tmp_path / "btf"
+    empty.mkdir()
+    hide = ["--privileged", "-v", f"{empty}:/sys/kernel/btf:ro"]
+    rc, doc = _doctor(image, "--pid=host", *hide)
+    checks = {c["name"]: c for c in doc["checks"]}
+    assert rc == 4 and doc["ok"] is False
+    assert checks["btf"] == {
+        **checks["btf"],
+        "ok": False,
+        "detail": "/sys/kernel/btf/vmlinux missing",
+    }
+    assert "CONFIG_DEBUG_INFO_BTF=y" in checks["btf"]["fix"]
+    r = _agent_once(image, tmp_path, *hide)
+    assert r.returncode == 4, r.stderr[-3000:]
+    assert r.stderr.splitlines()[:2] == [
+        "whyrestart: this kernel has no BTF (/sys/kernel/btf/vmlinux is missing)",
+        "  fix: use a kernel built with CONFIG_DEBUG_INFO_BTF=y (the default on Debian, Ubuntu,"
+        " Fedora and RHEL since 2021)",
+    ]
