@@ -160,7 +160,8 @@ def verdict_table(
     restart_counts: list[tuple[str, int, int | None, str]] | None = None,
 ) -> str:
     """The verdict table (time, unit, pid, cause, confidence, peak/limit), then each verdict's
-    summary, evidence chain, disagreements and advice, then the unit restarts."""
+    summary, evidence chain, disagreements and advice, then the unit restarts (long: the
+    sections in the order they print, each a few lines)."""
     if not verdicts:
         return "No process of the watched set exited: no verdicts.\n"
     folded = ""

@@ -67,7 +67,11 @@ MAX_RESCANS_PER_ROUND = 256
 
 
 class GpuSide:
-    """See the module docstring. Always ``close()`` it."""
+    """See the module docstring. Always ``close()`` it.
+
+    Large on purpose: the GPU object, the library scans, the holds and NVML share one watched
+    set and one pid filter, which is the point of having one owner (the recorder only sees its
+    source, ``tracer.pipeline.sources.GpuSource``)."""
 
     def __init__(
         self,
