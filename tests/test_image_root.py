@@ -96,6 +96,39 @@ def _doctor(image: str, *flags: str) -> tuple[int, dict[str, Any]]:
     return r.returncode, json.loads(r.stdout)
 
 
+LS = "ls /tmp/wheelhouse; ls /opt/whyrestart/bin/whyrestart"
+
+
+def _layers(image: str) -> list[str]:
+    return list(json.loads(_podman("image", "inspect", image))[0]["RootFS"]["Layers"])
+
+
+def test_the_image_is_its_base_and_one_layer_the_venv(image: str) -> None:
+    """Multi-stage: the wheelhouse the builder stage installed from is in no layer of the image
+    (a COPY and an rm in one stage would leave it in the COPY's layer)."""
+    base = image.replace("whyrestart-test-image", "whyrestart-test-base")
+    assert _layers(image)[:-1] == _layers(base)
+    assert len(_layers(image)) == len(_layers(base)) + 1
+    r = subprocess.run(
+        [
+            "podman",
+            "run",
+            "--rm",
+            "--network=none",
+            "--entrypoint=sh",
+            image,
+            "-c",
+            LS,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=ENV,
+    )
+    assert r.stdout == "/opt/whyrestart/bin/whyrestart\n", r
+    assert "/tmp/wheelhouse" in r.stderr
+
+
 def test_image_builds_on_a_local_base_and_doctor_passes_in_it(image: str) -> None:
     rc, doc = _doctor(
         image,
