@@ -19,6 +19,7 @@ import pytest
 from tests import dockerd
 from tests.dockerd import DockerEngine
 from tracer.bpf import hooks
+from tracer.sources.cgroupfs import CgroupLayout, own_memory_cgroup
 
 
 def _root_reason() -> str | None:
@@ -106,3 +107,30 @@ def bare_target() -> Path:
     if r.returncode != 0:
         pytest.fail(f"scripts/bare-target failed: {r.stderr[-3000:]}")
     return Path(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="session")
+def layout() -> CgroupLayout:
+    """This host's cgroup layout; skips where no memory controller is mounted."""
+    lay = CgroupLayout.from_system()
+    if lay.memory_root is None:
+        pytest.skip("no memory cgroup controller mounted")
+    return lay
+
+
+@pytest.fixture
+def parent_cgroup(layout: CgroupLayout) -> Iterator[str]:
+    """The memory cgroup this test process is in, where tests make their child cgroups."""
+    yield own_memory_cgroup(layout=layout)
+
+
+@pytest.fixture
+def sleeper() -> Iterator[subprocess.Popen[bytes]]:
+    """A process sleeping a minute, killed after the test."""
+    proc = subprocess.Popen(["sleep", "60"])
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=10)

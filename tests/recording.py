@@ -10,6 +10,11 @@ from pathlib import Path
 from tracer.record import Recorder, RecordResult, Targets
 
 
+def record(tmp_path: Path, argv: list[str], name: str = "t.trace") -> RecordResult:
+    """Record ``argv`` run as the target command, to its end."""
+    return Recorder(str(tmp_path / name), Targets(command=argv), duration=60).run()
+
+
 def record_while(
     tmp_path: Path, container: str, action: Callable[[], None], **targets: object
 ) -> RecordResult:

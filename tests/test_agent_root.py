@@ -93,14 +93,6 @@ def history(state: Path) -> list[dict[str, object]]:
 
 
 @pytest.fixture
-def layout() -> CgroupLayout:
-    lay = CgroupLayout.from_system()
-    if lay.memory_root is None:
-        pytest.skip("no memory cgroup controller mounted")
-    return lay
-
-
-@pytest.fixture
 def agent_state(tmp_path: Path) -> Iterator[Path]:
     yield tmp_path / "state"
     for unit in tmp_path.glob("agent-*.err"):  # shown when a test fails

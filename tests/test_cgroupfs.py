@@ -14,7 +14,6 @@ import posixpath
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -769,17 +768,6 @@ def system() -> tuple[CgroupLayout, str]:
 
 def unique(tag: str) -> str:
     return f"whyrestart-test-{tag}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-
-
-@pytest.fixture
-def sleeper() -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen(["sleep", "60"])
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(timeout=10)
 
 
 @pytest.mark.root

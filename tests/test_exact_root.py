@@ -16,16 +16,20 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tests.mt import build
+from tests.recording import record
 from tracer.events import Event, Exit, OomKill, Signal
 from tracer.record import Recorder, RecordResult, Targets
-from tracer.sources.cgroupfs import CgroupLayout, ChildCgroup, own_memory_cgroup
+from tracer.sources.cgroupfs import CgroupLayout, ChildCgroup
 from tracer.trace.reader import read_trace
+
+if TYPE_CHECKING:
+    from tracer.bpf.hooks import KernelHooks
 
 pytestmark = [
     pytest.mark.root,
@@ -39,23 +43,6 @@ STORM = 300  # processes of 2-4 threads, each SIGKILLed
 @pytest.fixture(scope="module")
 def mtwork(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build.mtwork(tmp_path_factory.mktemp("mt-bin"))
-
-
-@pytest.fixture(scope="module")
-def layout() -> CgroupLayout:
-    lay = CgroupLayout.from_system()
-    if lay.memory_root is None:
-        pytest.skip("no memory cgroup controller mounted")
-    return lay
-
-
-@pytest.fixture
-def parent_cgroup(layout: CgroupLayout) -> Iterator[str]:
-    yield own_memory_cgroup(layout=layout)
-
-
-def record(tmp_path: Path, argv: list[str], name: str = "t.trace") -> RecordResult:
-    return Recorder(str(tmp_path / name), Targets(command=argv), duration=60).run()
 
 
 def exits_of(path: str) -> list[Exit]:
@@ -363,27 +350,12 @@ def table_size(probe: object) -> int:
     return len({k.value for k in keys})
 
 
-def test_a_followed_cgroup_recreated_2000_times_keeps_the_table_bounded(
-    tmp_path: Path, parent_cgroup: str, layout: CgroupLayout
-) -> None:
-    """A cgroup recreated 2,000 times at a followed path (by a process that is no descendant
-    of the recorder: its processes are watched only through the cgroup): the kernel watches
-    each new cgroup at its mkdir and forgets it at its rmdir. Every exit is seen, the table
-    holds the live one (and none at the end)."""
-
+def following_hooks(layout: CgroupLayout) -> KernelHooks:
+    """The BPF object set to watch and follow cgroups (stall reports off), not yet attached."""
     from tracer.bpf import hooks
     from tracer.bpf import layout as bpf_layout
-    from tracer.bpf.decode import Decoder
-    from tracer.bpf.libbpf import RingBuffer
-    from tracer.events import CgroupMkdir
     from tracer.record import memory_hierarchy_id
 
-    with ChildCgroup(parent_cgroup, f"wr-test-loop-{os.getpid()}", None, layout=layout) as cg:
-        path, abs_path = cg.path, cg.abs_path
-    go, done = tmp_path / "go", tmp_path / "done"
-    # started before the probe and orphaned at once: not one of the recorder's helpers
-    args = [sys.executable, "-c", RECREATE, abs_path, str(LOOPS), str(go), str(done)]
-    subprocess.run(["sh", "-c", '"$@" &', "sh", *args], check=True)
     config = bpf_layout.WrConfig(
         self_tgid=os.getpid(),
         stall_threshold_ns=1 << 62,
@@ -392,7 +364,28 @@ def test_a_followed_cgroup_recreated_2000_times_keeps_the_table_bounded(
         follow_cgroups=1,
         hierarchy_id=memory_hierarchy_id(layout),
     )
-    probe = hooks.KernelHooks(config)
+    return hooks.KernelHooks(config)
+
+
+def test_a_followed_cgroup_recreated_2000_times_keeps_the_table_bounded(
+    tmp_path: Path, parent_cgroup: str, layout: CgroupLayout
+) -> None:
+    """A cgroup recreated 2,000 times at a followed path (by a process that is no descendant
+    of the recorder: its processes are watched only through the cgroup): the kernel watches
+    each new cgroup at its mkdir and forgets it at its rmdir. Every exit is seen, the table
+    holds the live one (and none at the end)."""
+
+    from tracer.bpf.decode import Decoder
+    from tracer.bpf.libbpf import RingBuffer
+    from tracer.events import CgroupMkdir
+
+    with ChildCgroup(parent_cgroup, f"wr-test-loop-{os.getpid()}", None, layout=layout) as cg:
+        path, abs_path = cg.path, cg.abs_path
+    go, done = tmp_path / "go", tmp_path / "done"
+    # started before the probe and orphaned at once: not one of the recorder's helpers
+    args = [sys.executable, "-c", RECREATE, abs_path, str(LOOPS), str(go), str(done)]
+    subprocess.run(["sh", "-c", '"$@" &', "sh", *args], check=True)
+    probe = following_hooks(layout)
     events: list[Event] = []
     sizes: list[int] = []
     try:
@@ -432,19 +425,7 @@ def test_a_followed_cgroup_recreated_2000_times_keeps_the_table_bounded(
 def test_a_full_watched_cgroup_table_is_counted_not_fatal(
     tmp_path: Path, parent_cgroup: str, layout: CgroupLayout
 ) -> None:
-    from tracer.bpf import hooks
-    from tracer.bpf import layout as bpf_layout
-    from tracer.record import memory_hierarchy_id
-
-    config = bpf_layout.WrConfig(
-        self_tgid=os.getpid(),
-        stall_threshold_ns=1 << 62,
-        memcg_v1=int(layout.memory_version == 1),
-        watch_cgroups=1,
-        follow_cgroups=1,
-        hierarchy_id=memory_hierarchy_id(layout),
-    )
-    probe = hooks.KernelHooks(config)
+    probe = following_hooks(layout)
     try:
         probe.attach()
         # ids no cgroup has (kernfs ids are far below 2**62)

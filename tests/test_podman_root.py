@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.podmanimg import busybox_image, podman
 from tests.recording import record_while, wait_for
 from tracer.events import ProbeSample
 from tracer.record import Recorder, Targets
@@ -25,49 +24,15 @@ from tracer.trace.reader import read_trace
 
 pytestmark = pytest.mark.root
 
-DATA = Path(__file__).parent / "data"
 # per test run: a concurrent run removing its image must not take our containers with it
 IMAGE = f"localhost/whyrestart-test-busybox:{os.getpid()}"
-BUSYBOX = "/bin/busybox"
-
-
-# conmon writes a file named "oom" into its working directory (inherited from `podman start`)
-# when its container is OOM-killed: run podman from a scratch directory, not the checkout
-_CWD = tempfile.mkdtemp(prefix="wr-test-podman-")
-
-
-def podman(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["podman", *args], capture_output=True, text=True, check=check, timeout=120, cwd=_CWD
-    )
 
 
 @pytest.fixture(scope="module", autouse=True)
 def podman_ready(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    if shutil.which("podman") is None or shutil.which("runc") is None:
-        pytest.skip("podman and runc are not installed (scripts/setup installs them)")
-    if not os.path.exists(BUSYBOX):
-        pytest.skip("busybox-static is not installed (scripts/setup installs it)")
-    # runc, cgroupfs and file events: what works on this kind of host (DEVELOPERS.md)
-    old = os.environ.get("CONTAINERS_CONF")
-    os.environ["CONTAINERS_CONF"] = str(DATA / "runtimes" / "containers.conf")
     root = tmp_path_factory.mktemp("busybox-root")
-    (root / "bin").mkdir()
-    (root / "tmp").mkdir(mode=0o1777)
-    shutil.copy(BUSYBOX, root / "bin" / "busybox")
-    for cmd in ("sh", "sleep", "cat", "rm", "touch", "dd", "true", "kill"):
-        (root / "bin" / cmd).symlink_to("busybox")
-    tar = root.parent / "busybox.tar"
-    subprocess.run(["tar", "-C", str(root), "-cf", str(tar), "."], check=True)
-    podman("import", str(tar), IMAGE)
-    try:
+    with busybox_image(root, IMAGE, ("sh", "sleep", "cat", "rm", "touch", "dd", "true", "kill")):
         yield
-    finally:
-        podman("rmi", "-f", IMAGE, check=False)
-        if old is None:
-            os.environ.pop("CONTAINERS_CONF", None)
-        else:
-            os.environ["CONTAINERS_CONF"] = old
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,54 +20,22 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
+from tests.podmanimg import busybox_image, podman
 from tracer.cli import main
 from tracer.sources.cgroupfs import CgroupLayout, ChildCgroup, own_memory_cgroup
 
 pytestmark = pytest.mark.root
 
-DATA = Path(__file__).parent / "data"
 IMAGE = f"localhost/whyrestart-pm-busybox:{os.getpid()}"
-BUSYBOX = "/bin/busybox"
 MiB = 1 << 20
 HOG = "chunks = []\nwhile True:\n    chunks.append(b'x' * (1 << 20))\n"
 
 
-# conmon writes a file named "oom" into its working directory (inherited from `podman run`)
-# when its container is OOM-killed: run podman from a scratch directory, not the checkout
-_CWD = tempfile.mkdtemp(prefix="wr-pm-podman-")
-
-
-def podman(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["podman", *args], capture_output=True, text=True, check=check, timeout=120, cwd=_CWD
-    )
-
-
 @pytest.fixture(scope="module")
 def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    if shutil.which("podman") is None or shutil.which("runc") is None:
-        pytest.skip("podman and runc are not installed (scripts/setup installs them)")
-    if not os.path.exists(BUSYBOX):
-        pytest.skip("busybox-static is not installed (scripts/setup installs it)")
-    old = os.environ.get("CONTAINERS_CONF")
-    os.environ["CONTAINERS_CONF"] = str(DATA / "runtimes" / "containers.conf")
     root = tmp_path_factory.mktemp("pm-busybox-root")
-    (root / "bin").mkdir()
-    (root / "tmp").mkdir(mode=0o1777)
-    shutil.copy(BUSYBOX, root / "bin" / "busybox")
-    for cmd in ("sh", "sleep", "dd", "true"):
-        (root / "bin" / cmd).symlink_to("busybox")
-    tar = root.parent / "pm-busybox.tar"
-    subprocess.run(["tar", "-C", str(root), "-cf", str(tar), "."], check=True)
-    podman("import", str(tar), IMAGE)
-    try:
+    with busybox_image(root, IMAGE, ("sh", "sleep", "dd", "true")):
         yield IMAGE
-    finally:
-        podman("rmi", "-f", IMAGE, check=False)
-        if old is None:
-            os.environ.pop("CONTAINERS_CONF", None)
-        else:
-            os.environ["CONTAINERS_CONF"] = old
 
 
 @pytest.fixture

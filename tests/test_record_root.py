@@ -10,37 +10,20 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.recording import record
 from tracer.events import Exec, Exit, KmsgOom, OomKill, Signal
 from tracer.record import Recorder, RecordResult, Targets
-from tracer.sources.cgroupfs import CgroupLayout, ChildCgroup, own_memory_cgroup
+from tracer.sources.cgroupfs import CgroupLayout, ChildCgroup
 from tracer.trace.reader import read_trace
 
 pytestmark = pytest.mark.root
 
 MiB = 1024 * 1024
 HOG = "chunks = []\nwhile True:\n    chunks.append(b'x' * (1 << 20))\n"
-
-
-@pytest.fixture(scope="module")
-def layout() -> CgroupLayout:
-    lay = CgroupLayout.from_system()
-    if lay.memory_root is None:
-        pytest.skip("no memory cgroup controller mounted")
-    return lay
-
-
-@pytest.fixture
-def parent_cgroup(layout: CgroupLayout) -> Iterator[str]:
-    yield own_memory_cgroup(layout=layout)
-
-
-def record(tmp_path: Path, argv: list[str], name: str = "t.trace") -> RecordResult:
-    return Recorder(str(tmp_path / name), Targets(command=argv), duration=60).run()
 
 
 def in_cgroup(cg: ChildCgroup, *argv: str) -> list[str]:

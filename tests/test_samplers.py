@@ -33,7 +33,6 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TypeVar
 
@@ -154,17 +153,6 @@ def by_path(events: list[Event]) -> dict[str, CgroupSample]:
 
 def round_trips(events: list[Event]) -> bool:
     return all(from_record(orjson.loads(orjson.dumps(e.to_record()))) == e for e in events)
-
-
-@pytest.fixture
-def sleeper() -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen(["sleep", "60"])
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(timeout=10)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -44,14 +44,6 @@ open(done, "w").close()
 """
 
 
-@pytest.fixture(scope="module")
-def layout() -> CgroupLayout:
-    lay = CgroupLayout.from_system()
-    if lay.memory_root is None:
-        pytest.skip("no memory cgroup controller mounted")
-    return lay
-
-
 @pytest.fixture
 def cgroup(layout: CgroupLayout) -> Iterator[ChildCgroup]:
     parent = own_memory_cgroup(layout=layout)
