@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 from bench.helpers import MARKER_PREFIX, STORM_COMM
@@ -38,6 +39,8 @@ BPFTRACE_RECLAIM_PROG = (
 )
 
 Markers = dict[int, int]  # marker index -> its exit's boottime ns (0: the tool has no clock)
+# of a peer tool's output line: one of the storm's events?, else the field that may name a marker
+Splitter = Callable[[bytes], tuple[bool, bytes | None]]
 
 
 class Variant:
@@ -198,6 +201,23 @@ def _marker_index(comm: bytes) -> int | None:
         return None
 
 
+def _count_lines(path: Path, split: Splitter) -> tuple[int, Markers]:
+    """A peer tool's output counted: ``split`` says of each line whether it is one of the
+    storm's events and, where it is not, which field may name a marker process (or None)."""
+    seen = 0
+    markers: Markers = {}
+    with open(path, "rb") as f:
+        for line in f:
+            hit, comm = split(line)
+            if hit:
+                seen += 1
+            elif comm is not None and comm.startswith(MARKER_PREFIX.encode()):
+                k = _marker_index(comm)
+                if k is not None:
+                    markers.setdefault(k, 0)
+    return seen, markers
+
+
 def _peer_run(tmp: Path, seen: int) -> Run:
     lost, lines = _text_lost(tmp)
     return {"seen": seen, "lost": lost, "lost_lines": lines}
@@ -218,18 +238,13 @@ class Bpftrace(Variant):
         return r.stdout.strip()
 
     def count(self, tmp: Path, work: Work) -> tuple[Run, Markers]:
-        seen = 0
-        markers: Markers = {}
         spid = str(work["pid"]).encode()
-        with open(self.events_file(tmp), "rb") as f:
-            for line in f:
-                pid, _, comm = line.rstrip(b"\n").partition(b" ")
-                if comm == STORM_COMM.encode() and pid != spid:
-                    seen += 1
-                elif comm.startswith(MARKER_PREFIX.encode()):
-                    k = _marker_index(comm)
-                    if k is not None:
-                        markers.setdefault(k, 0)
+
+        def split(line: bytes) -> tuple[bool, bytes | None]:
+            pid, _, comm = line.rstrip(b"\n").partition(b" ")
+            return comm == STORM_COMM.encode() and pid != spid, comm
+
+        seen, markers = _count_lines(self.events_file(tmp), split)
         return _peer_run(tmp, seen), markers
 
 
@@ -238,20 +253,15 @@ class BpftraceSignals(Bpftrace):
     marker_args = ("sig",)
 
     def count(self, tmp: Path, work: Work) -> tuple[Run, Markers]:
-        seen = 0
-        markers: Markers = {}
         want = (str(SIGUSR1).encode(), str(work["child"]).encode(), str(work["pid"]).encode())
-        with open(self.events_file(tmp), "rb") as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) < 4:
-                    continue
-                if (parts[0], parts[1], parts[2]) == want:
-                    seen += 1
-                elif parts[3].startswith(MARKER_PREFIX.encode()):
-                    k = _marker_index(parts[3])
-                    if k is not None:
-                        markers.setdefault(k, 0)
+
+        def split(line: bytes) -> tuple[bool, bytes | None]:
+            parts = line.split()
+            if len(parts) < 4:
+                return False, None
+            return (parts[0], parts[1], parts[2]) == want, parts[3]
+
+        seen, markers = _count_lines(self.events_file(tmp), split)
         return _peer_run(tmp, seen), markers
 
 
@@ -306,20 +316,15 @@ class Exitsnoop(Libbpftool):
 
     def count(self, tmp: Path, work: Work) -> tuple[Run, Markers]:
         # PCOMM PID PPID TID AGE(s) EXIT_CODE
-        seen = 0
-        markers: Markers = {}
         spid = str(work["pid"]).encode()
-        with open(self.events_file(tmp), "rb") as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) < 2:
-                    continue
-                if parts[0] == STORM_COMM.encode() and parts[1] != spid:
-                    seen += 1
-                elif parts[0].startswith(MARKER_PREFIX.encode()):
-                    k = _marker_index(parts[0])
-                    if k is not None:
-                        markers.setdefault(k, 0)
+
+        def split(line: bytes) -> tuple[bool, bytes | None]:
+            parts = line.split()
+            if len(parts) < 2:
+                return False, None
+            return parts[0] == STORM_COMM.encode() and parts[1] != spid, parts[0]
+
+        seen, markers = _count_lines(self.events_file(tmp), split)
         return _peer_run(tmp, seen), markers
 
 
@@ -329,20 +334,15 @@ class Sigsnoop(Libbpftool):
 
     def count(self, tmp: Path, work: Work) -> tuple[Run, Markers]:
         # TIME PID COMM SIG TPID RESULT
-        seen = 0
-        markers: Markers = {}
         want = (str(work["pid"]).encode(), str(SIGUSR1).encode(), str(work["child"]).encode())
-        with open(self.events_file(tmp), "rb") as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) < 6:
-                    continue
-                if (parts[1], parts[3], parts[4]) == want:
-                    seen += 1
-                elif parts[2].startswith(MARKER_PREFIX.encode()):
-                    k = _marker_index(parts[2])
-                    if k is not None:
-                        markers.setdefault(k, 0)
+
+        def split(line: bytes) -> tuple[bool, bytes | None]:
+            parts = line.split()
+            if len(parts) < 6:
+                return False, None
+            return (parts[1], parts[3], parts[4]) == want, parts[2]
+
+        seen, markers = _count_lines(self.events_file(tmp), split)
         return _peer_run(tmp, seen), markers
 
 
