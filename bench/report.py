@@ -73,6 +73,24 @@ def median_run(runs: list[T], key: Callable[[T], float]) -> T:
     return ordered[(len(ordered) - 1) // 2]
 
 
+def rss_growth(rss: list[tuple[float, float]]) -> Run:
+    """An RSS series (seconds, MiB; not empty) summed up: first, at 25% (after warm-up), last,
+    max, growth from 25% to the end, the least-squares slope over the second half (MiB per
+    minute) and whether it is flat (|growth| <= 2 MB and |slope| <= 1 MB/min)."""
+    q = rss[len(rss) // 4][1]
+    half = rss[len(rss) // 2 :]
+    slope = lin_slope(half) * 60 if len(half) >= 2 else 0.0
+    return {
+        "rss_first_mib": rss[0][1],
+        "rss_25pct_mib": q,
+        "rss_last_mib": rss[-1][1],
+        "rss_max_mib": max(x for _, x in rss),
+        "growth_25pct_to_end_mib": rss[-1][1] - q,
+        "slope_second_half_mib_per_min": slope,
+        "flat": abs(rss[-1][1] - q) <= 2.0 and abs(slope) <= 1.0,
+    }
+
+
 def lin_slope(points: list[tuple[float, float]]) -> float:
     n = len(points)
     mx = sum(t for t, _ in points) / n

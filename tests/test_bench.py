@@ -12,7 +12,7 @@ import pytest
 
 from bench.options import SECTIONS, parse_args
 from bench.records import Run, Work
-from bench.report import median_run, slowdown
+from bench.report import median_run, rss_growth, slowdown
 from bench.tools import Bpftrace, Exitsnoop, Sigsnoop, Whyrestart
 from tracer.errors import TraceFileError
 from tracer.events import Event, Exit, Fork, Lost, ReclaimSummary, Signal
@@ -200,3 +200,18 @@ def test_command_line() -> None:
     for bad in (["nosuch"], ["--only", "strace"], ["--rounds", "0"], ["--overflow-stop", "20"]):
         with pytest.raises(SystemExit):
             parse_args(bad)
+
+
+def test_rss_growth_sums_up_a_series_from_its_first_quarter() -> None:
+    # growth is measured from the 25% sample (after warm-up), the slope over the second half
+    g = rss_growth([(0.0, 10.0), (60.0, 10.0), (120.0, 11.0), (180.0, 12.5)])
+    assert g["slope_second_half_mib_per_min"] == pytest.approx(1.5)
+    g.pop("slope_second_half_mib_per_min")
+    assert g == {
+        "rss_first_mib": 10.0,
+        "rss_25pct_mib": 10.0,
+        "rss_last_mib": 12.5,
+        "rss_max_mib": 12.5,
+        "growth_25pct_to_end_mib": 2.5,
+        "flat": False,
+    }

@@ -47,7 +47,7 @@ from bench.procs import (
     tail,
 )
 from bench.records import Section
-from bench.report import lin_slope, method_lines
+from bench.report import method_lines, rss_growth
 from bench.runner import Context, start_tool, stop_tool
 from bench.tools import Exitsnoop, Whyrestart
 from bench.workloads import (
@@ -372,19 +372,7 @@ def _soak(opts: Options, tmp: Path, agent: Agent) -> Result:
     rss = [(t, kb / 1024) for t, kb in agent.samples if kb and t >= t_start]
     if not rss:
         raise HelperFailed("no RSS sample during the soak")
-    q = rss[len(rss) // 4][1]
-    half = rss[len(rss) // 2 :]
-    slope = lin_slope(half) * 60 if len(half) >= 2 else 0.0
-    return {
-        "work": parse_storm(key_values(out.read_text())),
-        "rss_first_mib": rss[0][1],
-        "rss_25pct_mib": q,
-        "rss_last_mib": rss[-1][1],
-        "rss_max_mib": max(x for _, x in rss),
-        "growth_25pct_to_end_mib": rss[-1][1] - q,
-        "slope_second_half_mib_per_min": slope,
-        "flat": abs(rss[-1][1] - q) <= 2.0 and abs(slope) <= 1.0,
-    }
+    return {"work": parse_storm(key_values(out.read_text())), **rss_growth(rss)}
 
 
 def _exitsnoop_phase(opts: Options, tmp: Path) -> Result:

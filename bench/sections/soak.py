@@ -20,7 +20,7 @@ from bench.procs import (
     tail,
 )
 from bench.records import Run, Section
-from bench.report import lin_slope, method_lines
+from bench.report import method_lines, rss_growth
 from bench.runner import Context, count_output, start_tool, stop_tool
 from bench.tools import Whyrestart
 from bench.workloads import StormWork, parse_storm
@@ -68,17 +68,8 @@ def soak_run(opts: Options, tmp: Path, codes: str) -> Run:
     finally:
         kill_all()
     rss = [(t, kb / 1024) for t, kb, _ in samples if kb]
-    q = rss[len(rss) // 4][1]
-    half = rss[len(rss) // 2 :]
-    slope = lin_slope(half) * 60 if len(half) >= 2 else 0.0  # MiB per minute
     cpus = [c for _, _, c in samples if c is not None]
-    res["rss_first_mib"] = rss[0][1]
-    res["rss_25pct_mib"] = q
-    res["rss_last_mib"] = rss[-1][1]
-    res["rss_max_mib"] = max(x for _, x in rss)
-    res["growth_25pct_to_end_mib"] = rss[-1][1] - q
-    res["slope_second_half_mib_per_min"] = slope
-    res["flat"] = abs(rss[-1][1] - q) <= 2.0 and abs(slope) <= 1.0
+    res.update(rss_growth(rss))
     res["tracer_cpu_pct"] = (cpus[-1] - cpus[0]) / (samples[-1][0] - samples[0][0]) * 100
     return res
 
