@@ -406,27 +406,27 @@ class Map:
             raise BpfError(f"reading initial value of map {self.name}", _err())
         return (ctypes.c_char * size.value).from_address(ptr)
 
-    def update(self, key: ctypes._CData, value: ctypes._CData, flags: int = BPF_ANY) -> None:
-        rc = lib().dll.bpf_map__update_elem(
-            self.ptr,
-            ctypes.byref(key),
-            ctypes.sizeof(key),
-            ctypes.byref(value),
-            ctypes.sizeof(value),
-            flags,
+    def _key_value(self, op: str, key: ctypes._CData, value: ctypes._CData, flags: int = 0) -> int:
+        """libbpf's bpf_map__<op>(map, key, key_size, value, value_size, flags): its rc."""
+        fn = getattr(lib().dll, f"bpf_map__{op}")
+        return int(
+            fn(
+                self.ptr,
+                ctypes.byref(key),
+                ctypes.sizeof(key),
+                ctypes.byref(value),
+                ctypes.sizeof(value),
+                flags,
+            )
         )
+
+    def update(self, key: ctypes._CData, value: ctypes._CData, flags: int = BPF_ANY) -> None:
+        rc = self._key_value("update_elem", key, value, flags)
         if rc < 0:
             raise BpfError(f"updating map {self.name}", -rc)
 
     def lookup(self, key: ctypes._CData, value: ctypes._CData) -> bool:
-        rc = lib().dll.bpf_map__lookup_elem(
-            self.ptr,
-            ctypes.byref(key),
-            ctypes.sizeof(key),
-            ctypes.byref(value),
-            ctypes.sizeof(value),
-            0,
-        )
+        rc = self._key_value("lookup_elem", key, value)
         if rc == -errno.ENOENT:
             return False
         if rc < 0:
@@ -461,14 +461,7 @@ class Map:
 
     def pop(self, key: ctypes._CData, value: ctypes._CData) -> bool:
         """Atomically read and delete one entry (hash maps, kernel 5.14+)."""
-        rc = lib().dll.bpf_map__lookup_and_delete_elem(
-            self.ptr,
-            ctypes.byref(key),
-            ctypes.sizeof(key),
-            ctypes.byref(value),
-            ctypes.sizeof(value),
-            0,
-        )
+        rc = self._key_value("lookup_and_delete_elem", key, value)
         if rc == -errno.ENOENT:
             return False
         if rc == -ENOTSUPP:
