@@ -261,14 +261,18 @@ class DockerRuntime(Runtime):
         if not key:
             self._fail(f"{self.name}: empty container name")
             return None
-        path = f"/containers/{urllib.parse.quote(key, safe='')}/json"
+        return self._inspect(f"/containers/{urllib.parse.quote(key, safe='')}/json", key)
+
+    def _inspect(self, path: str, service: str | None = None) -> ContainerInfo | None:
+        """GET an inspect ``path``: the container, or None with the failure said. A 404 with
+        ``service`` given looks for the one container of that Compose service instead."""
         try:
             status, body = self._get(path)
         except LookupFailed as exc:
             self._fail(f"{self.name}: {exc}")
             return None
-        if status == 404:
-            return self._compose_service(key)
+        if status == 404 and service is not None:
+            return self._compose_service(service)
         if status != 200:
             self._fail(f"{self.name}: GET {path} answered {status}: {_api_message(body)}")
             return None
@@ -302,16 +306,7 @@ class DockerRuntime(Runtime):
         if not isinstance(cid, str) or not cid:
             self._fail(missing, quiet=True)
             return None
-        path = f"/containers/{cid}/json"
-        try:
-            status, body = self._get(path)
-        except LookupFailed as exc:
-            self._fail(f"{self.name}: {exc}")
-            return None
-        if status != 200:
-            self._fail(f"{self.name}: GET {path} answered {status}: {_api_message(body)}")
-            return None
-        return self._inspected(path, body)
+        return self._inspect(f"/containers/{cid}/json")
 
     def _inspected(self, path: str, body: bytes) -> ContainerInfo | None:
         try:
