@@ -21,16 +21,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "join.h"
 
 static volatile sig_atomic_t stop;
 static void on_sig(int s) { (void)s; stop = 1; }
-
-static long long now_ns(clockid_t c) {
-	struct timespec ts;
-	clock_gettime(c, &ts);
-	return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
 
 int main(int argc, char **argv) {
 	if (argc < 3) {

@@ -29,16 +29,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "join.h"
 
 static volatile sig_atomic_t got; /* SIGUSR1s handled (child) */
 static void on_usr1(int s) { (void)s; got++; }
-
-static long long now_ns(clockid_t c) {
-	struct timespec ts;
-	clock_gettime(c, &ts);
-	return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
 
 static double tv_s(struct timeval tv) { return tv.tv_sec + tv.tv_usec / 1e6; }
 

@@ -24,13 +24,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "join.h"
-
-static long long now_ns(clockid_t c) {
-	struct timespec ts;
-	clock_gettime(c, &ts);
-	return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
 
 #define MAXBATCH 4096
 
