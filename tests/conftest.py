@@ -9,6 +9,7 @@ with the reason, and pytest -ra lists every skip in the summary.
 from __future__ import annotations
 
 import os
+import posixpath
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ import pytest
 from tests import dockerd
 from tests.dockerd import DockerEngine
 from tracer.bpf import hooks
+from tracer.errors import KernelUnsupported, UsageError
 from tracer.sources.cgroupfs import CgroupLayout, own_memory_cgroup
 
 
@@ -134,3 +136,25 @@ def sleeper() -> Iterator[subprocess.Popen[bytes]]:
         if proc.poll() is None:
             proc.kill()
         proc.wait(timeout=10)
+
+
+@pytest.fixture
+def system() -> tuple[CgroupLayout, str]:
+    """The real layout and a parent cgroup where children can be made, or a skip."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create memory cgroups")
+    layout = CgroupLayout.from_system()
+    if layout.memory_root is None:
+        pytest.skip(f"no memory controller mounted (cgroup mode {layout.mode})")
+    try:
+        own = own_memory_cgroup(layout=layout)
+    except (KernelUnsupported, UsageError) as exc:
+        pytest.skip(f"cannot find our memory cgroup: {exc}")
+    parent = own
+    if layout.memory_version == 2 and own != "/":
+        # v2: our own cgroup holds us, so it may not enable memory for children ("no
+        # internal processes"); its parent already has it enabled (we have memory files).
+        parent = posixpath.dirname(own)
+    if not os.access(layout.memory_root, os.W_OK):
+        pytest.skip("memory hierarchy is read-only here")
+    return layout, parent

@@ -10,7 +10,6 @@ one is limited and holds only ``sleep``, so nothing comes near exhausting memory
 from __future__ import annotations
 
 import os
-import posixpath
 import subprocess
 import time
 import uuid
@@ -745,25 +744,6 @@ def test_child_cgroup_existing_child_is_left_alone(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------------------------------------
 # Root tier: real child cgroups on this machine
-
-
-@pytest.fixture
-def system() -> tuple[CgroupLayout, str]:
-    """The real layout and a parent cgroup where children can be made, or a skip."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root to create memory cgroups")
-    layout = CgroupLayout.from_system()
-    if layout.memory_root is None:
-        pytest.skip(f"no memory controller mounted (cgroup mode {layout.mode})")
-    own = own_memory_cgroup(layout=layout)
-    parent = own
-    if layout.memory_version == 2 and own != "/":
-        # v2: our own cgroup holds us, so it may not enable memory for children ("no
-        # internal processes"); its parent already has it enabled (we have memory files).
-        parent = posixpath.dirname(own)
-    if not os.access(layout.memory_root, os.W_OK):
-        pytest.skip("memory hierarchy is read-only here")
-    return layout, parent
 
 
 def unique(tag: str) -> str:

@@ -42,7 +42,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tracer.errors import KernelUnsupported, UsageError
+from tracer.errors import UsageError
 from tracer.events import (
     CgroupSample,
     EffectiveLimit,
@@ -69,7 +69,6 @@ from tracer.sources.cgroupfs import (
     CgroupLayout,
     CgroupResolver,
     ChildCgroup,
-    own_memory_cgroup,
 )
 from tracer.sources.samplers import (
     CgroupSampler,
@@ -1080,25 +1079,6 @@ GATED_HOG = (
     "print('ready', flush=True)\n"
     "time.sleep(30)\n"
 )
-
-
-@pytest.fixture
-def system() -> tuple[CgroupLayout, str]:
-    """The real layout and a parent cgroup where children can be made, or a skip."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root to create memory cgroups")
-    layout = CgroupLayout.from_system()
-    if layout.memory_root is None:
-        pytest.skip(f"no memory controller mounted (cgroup mode {layout.mode})")
-    try:
-        own = own_memory_cgroup(layout=layout)
-    except (KernelUnsupported, UsageError) as exc:
-        pytest.skip(f"cannot find our memory cgroup: {exc}")
-    parent = own
-    if layout.memory_version == 2 and own != "/":
-        # v2's "no internal processes": our own cgroup holds us, so use its parent.
-        parent = posixpath.dirname(own)
-    return layout, parent
 
 
 @pytest.mark.root
