@@ -18,7 +18,14 @@ import orjson
 import pytest
 
 from tests.test_agent_root import HOG, AgentProc, free_port, until
-from tests.test_podman_root import IMAGE, name, podman, podman_ready, state  # noqa: F401
+from tests.test_podman_root import (  # noqa: F401
+    IMAGE,
+    create_oom_loop,
+    name,
+    podman,
+    podman_ready,
+    state,
+)
 from tracer.sources.cgroupfs import CgroupLayout, ChildCgroup, own_memory_cgroup
 
 pytestmark = pytest.mark.root
@@ -117,20 +124,7 @@ def test_prometheus_scrapes_the_agents_oom_kills_and_restarts(
             )
             assert hog.returncode == -signal.SIGKILL
 
-        podman(
-            "create",
-            "--name",
-            name,
-            "--network=none",
-            "--memory=64m",
-            "--restart=on-failure:1",
-            IMAGE,
-            "dd",
-            "if=/dev/zero",
-            "of=/dev/null",
-            "bs=100M",
-            "count=1",
-        )
+        create_oom_loop(name, 1)
         podman("start", name)
         until(lambda: state(name)[:2] == ("exited", 1), timeout=60)
         unit = f"podman {name}"

@@ -49,14 +49,16 @@ def state(name: str) -> tuple[str, int, str]:
     return st, int(count), oom
 
 
-def test_oom_restarts_are_linked_and_agree_with_podman(tmp_path: Path, name: str) -> None:
+def create_oom_loop(name: str, restarts: int) -> None:
+    """A container (not started) whose dd asks for 100 MB under --memory=64m: OOM-killed at
+    each start, restarted by podman up to ``restarts`` times."""
     podman(
         "create",
         "--name",
         name,
         "--network=none",
         "--memory=64m",
-        "--restart=on-failure:2",
+        f"--restart=on-failure:{restarts}",
         IMAGE,
         "dd",
         "if=/dev/zero",
@@ -64,6 +66,10 @@ def test_oom_restarts_are_linked_and_agree_with_podman(tmp_path: Path, name: str
         "bs=100M",
         "count=1",
     )
+
+
+def test_oom_restarts_are_linked_and_agree_with_podman(tmp_path: Path, name: str) -> None:
+    create_oom_loop(name, 2)
 
     def start_and_wait() -> None:
         podman("start", name)
