@@ -245,6 +245,17 @@ def get_int(obj: Mapping[str, Any], key: str) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def inspect_sections(
+    obj: Mapping[str, Any],
+) -> tuple[str, Mapping[str, Any], Mapping[str, Any], Mapping[str, Any]] | None:
+    """A Docker-style inspect object (Docker's API and podman inspect share the layout): its
+    Id and its State, Config and HostConfig sections; None when it has no Id (no container)."""
+    cid = get_str(obj, "Id")
+    if not cid:
+        return None
+    return cid, get_dict(obj, "State"), get_dict(obj, "Config"), get_dict(obj, "HostConfig")
+
+
 def get_bool(obj: Mapping[str, Any], key: str) -> bool | None:
     value = obj.get(key)
     return value if isinstance(value, bool) else None

@@ -46,6 +46,7 @@ from tracer.runtimes.base import (
     get_int,
     get_str,
     healthcheck_test,
+    inspect_sections,
     k8s_names,
     restart_policy_text,
 )
@@ -159,12 +160,10 @@ def info_from_docker_inspect(
 ) -> ContainerInfo | None:
     """A ``GET /containers/{id}/json`` object → ``ContainerInfo`` (cgroup_path None: the API
     has none). None when the object has no ``Id``."""
-    cid = get_str(obj, "Id")
-    if not cid:
+    sections = inspect_sections(obj)
+    if sections is None:
         return None
-    state = get_dict(obj, "State")
-    config = get_dict(obj, "Config")
-    host = get_dict(obj, "HostConfig")
+    cid, state, config, host = sections
     name = get_str(obj, "Name").lstrip("/")
     labels = config.get("Labels")
     pod, namespace = k8s_names(name, labels if isinstance(labels, Mapping) else None)

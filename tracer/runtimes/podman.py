@@ -37,6 +37,7 @@ from tracer.runtimes.base import (
     get_int,
     get_str,
     healthcheck_test,
+    inspect_sections,
     restart_policy_text,
     run_command,
 )
@@ -53,12 +54,10 @@ def info_from_podman_inspect(obj: Mapping[str, Any]) -> ContainerInfo | None:
     ``State.CgroupPath``, which podman only reports while the container runs; the runtime
     prefers the main pid's ``/proc/PID/cgroup`` when it can read it (see ``PodmanRuntime``).
     """
-    cid = get_str(obj, "Id")
-    if not cid:
+    sections = inspect_sections(obj)
+    if sections is None:
         return None
-    state = get_dict(obj, "State")
-    config = get_dict(obj, "Config")
-    host = get_dict(obj, "HostConfig")
+    cid, state, config, host = sections
     pid = get_int(state, "Pid") or 0
     pod = get_str(obj, "Pod") or None
     return ContainerInfo(
