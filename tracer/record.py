@@ -40,6 +40,7 @@ from tracer.pipeline.core import Enricher, Pipeline, Sink, Source, header_parts
 from tracer.pipeline.enrich import CgroupNamer, Follow, SenderExe, WatchSet
 from tracer.pipeline.sinks import AnalyzerSink, TraceSink
 from tracer.pipeline.sources import (
+    POLL_MS,
     FollowerSource,
     GpuSource,
     KernelCounters,
@@ -202,12 +203,16 @@ class Recorder:
         sinks: Sequence[Sink] = (),
         reload: Callable[[], None] | None = None,
         agent_filter: bool = False,
+        poll_ms: int = POLL_MS,
     ) -> None:
         self.overwrite = overwrite
         # SIGHUP: with ``reload`` (the agent), call it from the loop instead of stopping
         self.reload = reload
         # the agent's kernel-side filter (bpf/whyrestart.bpf.c: clean exits counted, not sent)
         self.agent_filter = agent_filter
+        # how long a loop step waits for the ring (bulk records are sent without a wake-up;
+        # urgent ones, an OOM kill, wake it at once)
+        self.poll_ms = poll_ms
         self.kernel: hooks.KernelHooks | None = None
         self._reload_pending = False
         self._guard: selfguard.Guard | None = None
@@ -310,7 +315,7 @@ class Recorder:
         sampler_source = SamplerSource(samplers, cg_layout.memory_version)
         opened: list[Source] = [sampler_source]  # closed again if the set-up fails half-way
         try:
-            ring = RingSource(kernel, attached, hooks.ENRICHING)
+            ring = RingSource(kernel, attached, hooks.ENRICHING, wait_ms=self.poll_ms)
             opened.append(ring)
             kmsg = KmsgSource(watch.wants_kmsg)
             opened.append(kmsg)

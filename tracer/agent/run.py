@@ -38,6 +38,8 @@ from tracer.sources.cgroupfs import CgroupLayout, CgroupResolver, under
 from tracer.trace.format import TraceFooter
 
 HOUSEKEEPING_S = 5.0
+AGENT_POLL_MS = 100
+AGENT_SAMPLE_INTERVAL_NS = 1_000_000_000
 DEFAULT_MAX_DISK = 1 << 30
 DEFAULT_METRICS_ADDR = "127.0.0.1:9464"
 
@@ -125,6 +127,10 @@ class Agent:
                 reload=self._reload,
                 status=self._status,
                 agent_filter=True,
+                # an always-on agent needs no 10 ms reaction (an OOM kill wakes it at once) nor
+                # 10 samples a second of every cgroup: a tenth of the wake-ups and samples
+                poll_ms=AGENT_POLL_MS,
+                sample_interval_ns=AGENT_SAMPLE_INTERVAL_NS,
             )
             self.recorder.run()
         finally:

@@ -78,7 +78,11 @@ class RingSource(_Quiet):
     batch; a full batch means the ring holds more (``behind``)."""
 
     def __init__(
-        self, kernel: hooks.KernelHooks, attached: hooks.Attached, enriching: tuple[str, ...]
+        self,
+        kernel: hooks.KernelHooks,
+        attached: hooks.Attached,
+        enriching: tuple[str, ...],
+        wait_ms: int = POLL_MS,
     ) -> None:
         self.kernel = kernel
         self.attached = attached
@@ -86,7 +90,7 @@ class RingSource(_Quiet):
         self.decoder = Decoder(page_size=os.sysconf("SC_PAGE_SIZE"))
         self.rb: RingBuffer | None = RingBuffer(kernel.events)
         self.behind = False
-        self._wait_ms = POLL_MS
+        self._wait_ms = wait_ms
 
     def poll(self, now_ns: int, behind: bool) -> list[Event]:
         assert self.rb is not None
