@@ -39,6 +39,7 @@ from tracer.trace.format import TraceFooter
 
 HOUSEKEEPING_S = 5.0
 AGENT_POLL_MS = 100
+MAX_UNIT_PATHS = 65536
 AGENT_SAMPLE_INTERVAL_NS = 1_000_000_000
 DEFAULT_MAX_DISK = 1 << 30
 DEFAULT_METRICS_ADDR = "127.0.0.1:9464"
@@ -179,6 +180,8 @@ class Agent:
             unit = self._analyzer().unit_of_cgroup(ev.cgroup_id, ev.path)
             if unit is not None:
                 self._unit_paths[unit.label] = ev.path
+                if len(self._unit_paths) > MAX_UNIT_PATHS:  # (the oldest named first)
+                    del self._unit_paths[next(iter(self._unit_paths))]
 
     def _analyzer(self) -> Analyzer:
         assert self.recorder is not None
@@ -254,10 +257,14 @@ class Agent:
             self._clean_seen = {c: n for c, n in self._clean_seen.items() if c in counts}
 
     def _alive(self, unit: str) -> bool:
+        """A unit's cgroup still exists (asked once its series have been quiet for the ttl:
+        a unit that is gone is forgotten here too)."""
         path = self._unit_paths.get(unit)
-        if path is None or self.layout.memory_root is None:
-            return False
-        return os.path.isdir(under(self.layout.memory_root, path))
+        root = self.layout.memory_root
+        if path is not None and root is not None and os.path.isdir(under(root, path)):
+            return True
+        self._unit_paths.pop(unit, None)
+        return False
 
     def _reload(self) -> None:
         self.journal.reopen()
