@@ -38,17 +38,25 @@ def failing_storm(n: int) -> None:
 
 
 def test_the_disk_budget_holds_under_a_storm_of_failures(tmp_path: Path) -> None:
-    budget = 1 * MiB
+    budget = 512 * 1024
     state = tmp_path / "state"
     agent = AgentProc(state, "--max-disk", str(budget), "--log-format", "none")
-    peak = 0
+    peak = rounds = 0
     try:
         agent.wait_ready()
-        for _ in range(8):
+        # storms until the budget has had to evict (a quiet host writes less than a busy one),
+        # then two more
+        evicted_at: int | None = None
+        while rounds < 40 and (evicted_at is None or rounds < evicted_at + 2):
             failing_storm(3000)
+            rounds += 1
             peak = max(peak, StateDir(str(state)).used())
-        until(lambda: metric(agent.metrics(), "whyrestart_evicted_files_total") > 0, timeout=60)
-        text = agent.metrics()
+            if evicted_at is None and metric(agent.metrics(), "whyrestart_evicted_files_total"):
+                evicted_at = rounds
+        assert evicted_at is not None, "40 storms never filled the budget"
+        # every failure judged, not dropped (verdicts come a settle window after their exit)
+        made = 3000 * rounds
+        until(lambda: metric(agent.metrics(), "whyrestart_exits_total") >= made, timeout=60)
         assert agent.stop()[0] == 0
     finally:
         if agent.proc.poll() is None:
@@ -59,7 +67,6 @@ def test_the_disk_budget_holds_under_a_storm_of_failures(tmp_path: Path) -> None
     # incident being cut can stand above it
     assert peak <= budget * 1.5, (peak, budget)
     assert used <= budget * 1.25, (used, budget)
-    assert metric(text, "whyrestart_exits_total") >= 20000  # (the storm was judged, not dropped)
 
 
 def test_a_full_disk_is_counted_and_writing_resumes(tmp_path: Path) -> None:
