@@ -276,8 +276,10 @@ static __always_inline void fill_hdr(struct wr_hdr *h, __u16 type, __u16 size, _
  * signal->live reached 0 (do_exit's group_dead). Reading signal->live at the tracepoint is not
  * that test: a thread that decremented earlier but reaches the tracepoint after the last one
  * reads 0 too, and a SIGKILLed process of several threads got two records. Where the tracepoint
- * passes group_dead (it does on 6.18; 6.1 and 5.10 pass the task only), the twin that reads it
- * is exact. Elsewhere live == 0 is only a candidate, and the first candidate of a process wins:
+ * passes group_dead, the twin that reads it is exact: the argument came with 3e816361e94a
+ * ("sched/tracepoints: Move and extend the sched_process_exit() tracepoint", first released in
+ * 6.16; before it the tracepoint passed the task only, as on 6.1 and 5.10 in the lab VMs).
+ * Elsewhere live == 0 is only a candidate, and the first candidate of a process wins:
  * BPF_NOEXIST into exits_sent, keyed by tgid and the leader's start time (a reused pid is
  * another key), is atomic, so exactly one thread emits.
  *
@@ -404,8 +406,8 @@ int BPF_PROG(exit_btf, struct task_struct *task, bool group_dead)
 	return handle_exit(task, group_dead, WR_RUNG_TP_BTF);
 }
 
-/* Kernels whose tracepoint is sched_process_exit(task) (6.1, 5.10): the verifier refuses the
- * twin above (no second argument) and this one de-duplicates. */
+/* Kernels whose tracepoint is sched_process_exit(task) (before 3e816361e94a, 6.16: 6.1, 5.10):
+ * the verifier refuses the twin above (no second argument) and this one de-duplicates. */
 SEC("tp_btf/sched_process_exit")
 int BPF_PROG(exit_btf_dedup, struct task_struct *task)
 {
