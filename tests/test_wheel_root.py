@@ -12,9 +12,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
+import sys
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -45,12 +48,10 @@ def test_wheel_carries_objects_and_libbpf_and_is_manylinux(production_wheel: Pat
     assert any(re.fullmatch(r"whyrestart\.libs/libelf-[^/]+\.so[.\d]*", n) for n in names), names
 
 
-def test_doctor_from_the_wheel_with_no_system_libbpf(
-    production_wheel: Path, tmp_path: Path
-) -> None:
-    hidden = _system_files(HIDDEN)
-    assert any("libbpf" in f for f in hidden), "no system libbpf to hide (scripts/setup has one)"
-    venv = tmp_path / "venv"
+@pytest.fixture(scope="module")
+def wheel_venv(production_wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh virtualenv of the system python with the wheel installed, once for this module."""
+    venv = tmp_path_factory.mktemp("wheel") / "venv"
     subprocess.run(["/usr/bin/python3", "-m", "venv", str(venv)], check=True, timeout=300)
     r = subprocess.run(
         [str(venv / "bin" / "pip"), "install", "-q", str(production_wheel)],
@@ -59,6 +60,13 @@ def test_doctor_from_the_wheel_with_no_system_libbpf(
         timeout=900,
     )
     assert r.returncode == 0, r.stderr[-3000:]
+    return venv
+
+
+def test_doctor_from_the_wheel_with_no_system_libbpf(wheel_venv: Path, tmp_path: Path) -> None:
+    hidden = _system_files(HIDDEN)
+    assert any("libbpf" in f for f in hidden), "no system libbpf to hide (scripts/setup has one)"
+    venv = wheel_venv
     report = tmp_path / "doctor.json"
     # One shell in a private mount namespace: cover the system libraries, prove they cannot be
     # loaded, then run doctor. cwd and env keep the checkout off sys.path.
@@ -96,3 +104,139 @@ def test_doctor_from_the_wheel_with_no_system_libbpf(
     )
     assert checks["bpf_object"]["detail"].startswith(site)
     assert checks["hook:exit"]["ok"] is True, checks["hook:exit"]
+
+
+# -- bad input: the same messages from the wheel as from a checkout --------------------------------
+
+# podman's default capabilities (containers.conf default_capabilities): a container that is not
+# privileged has these and no others
+CONTAINER_CAPS = (
+    "chown,dac_override,fowner,fsetid,kill,net_bind_service,setfcap,setgid,setpcap,setuid,"
+    "sys_chroot"
+)
+# Each bad input made real on this host, as (shell lines run first in a private mount namespace,
+# the command's prefix):
+BAD_INPUTS: dict[str, tuple[list[str], list[str]]] = {
+    # this kernel made to report an old release by the UNAME26 personality: uname(2) answers
+    # 2.6.(60 + minor) to the process and everything it runs, as an old kernel would
+    "kernel_too_old": ([], ["setarch", "--uname-2.6"]),
+    # /sys/kernel/btf covered by an empty directory, as on a kernel built without BTF
+    "no_btf": (["mount --bind {empty} /sys/kernel/btf"], []),
+    # root with a container's default capabilities only (no CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN)
+    "no_capability": (
+        [],
+        ["setpriv", "--bounding-set", f"-all,+{CONTAINER_CAPS.replace(',', ',+')}"],
+    ),
+}
+
+
+def _run_bad(
+    bad: str, argv: list[str], cwd: Path, env: dict[str, str], tmp: Path
+) -> subprocess.CompletedProcess[str]:
+    empty = tmp / "empty"
+    empty.mkdir(exist_ok=True)
+    setup, prefix = BAD_INPUTS[bad]
+    script = "\n".join(
+        [
+            "set -e",
+            *(line.format(empty=empty) for line in setup),
+            f"exec {shlex.join(prefix + argv)}",
+        ]
+    )
+    return subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "bash", "-c", script],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        timeout=300,
+    )
+
+
+def _normalized(text: str, objdir: str) -> str:
+    """The text with the directory of the BPF objects (the checkout's bpf/, the wheel's
+    tracer/bpf/_bundled/) said the same way: the one thing that differs by design."""
+    return text.replace(objdir, "OBJDIR")
+
+
+@pytest.mark.parametrize("bad", sorted(BAD_INPUTS))
+def test_bad_input_gives_the_checkouts_messages_from_the_wheel(
+    bad: str, wheel_venv: Path, tmp_path: Path
+) -> None:
+    """doctor --json and the agent, run from a checkout and from the installed wheel under the
+    same bad input: the same checks with the same words and fixes, the same exit codes, the same
+    error lines; and those name the problem and the fix."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.pop("WHYRESTART_BPF_OBJECT", None)
+    env.pop("WHYRESTART_GPU_BPF_OBJECT", None)
+    ways = {
+        "checkout": ([sys.executable, "-m", "tracer.cli"], ROOT),
+        "wheel": ([str(wheel_venv / "bin" / "whyrestart")], tmp_path),  # (checkout off sys.path)
+    }
+    doctors: dict[str, tuple[int, dict[str, dict[str, Any]]]] = {}
+    agents: dict[str, tuple[int, list[str]]] = {}
+    for way, (cmd, cwd) in ways.items():
+        r = _run_bad(bad, [*cmd, "doctor", "--json"], cwd, env, tmp_path)
+        checks = {c["name"]: c for c in json.loads(r.stdout)["checks"]}
+        objdir = os.path.dirname(checks["bpf_object"]["detail"].split()[0])
+        if way == "wheel":
+            assert objdir.startswith(str(wheel_venv)), objdir  # the installed package
+        else:
+            assert objdir == str(ROOT / "bpf"), objdir
+        norm = {n: json.loads(_normalized(json.dumps(c), objdir)) for n, c in checks.items()}
+        doctors[way] = (r.returncode, norm)
+        state = tmp_path / f"state-{way}"
+        r = _run_bad(
+            bad, [*cmd, "agent", f"--state-dir={state}", "--metrics-addr="], cwd, env, tmp_path
+        )
+        agents[way] = (r.returncode, _normalized(r.stderr, objdir).splitlines()[:2])
+
+    (rc, checks), (wheel_rc, wheel_checks) = doctors["checkout"], doctors["wheel"]
+    assert rc == wheel_rc == 4
+    # every check the same but libbpf's (the wheel bundles its own, by design) and the GPU
+    # side's details (they count other recorders on this shared host at that moment)
+    assert checks.keys() == wheel_checks.keys()
+    for name in checks:
+        if name == "libbpf" or name.startswith(("gpu", "hook:gpu", "nvml")):
+            continue
+        assert checks[name] == wheel_checks[name], name
+    assert agents["checkout"] == agents["wheel"]
+    agent_rc, lines = agents["checkout"]
+
+    if bad == "kernel_too_old":
+        kernel = checks["kernel"]
+        assert kernel["ok"] is False and kernel["required"] is True
+        assert re.fullmatch(
+            r"kernel 2\.6\.\d+\S* is too old: whyrestart needs Linux 5\.8 or later "
+            r"\(BPF ring buffer, bpf_ktime_get_boot_ns\)",
+            kernel["detail"],
+        ), kernel
+        assert kernel["fix"].startswith("boot Linux 5.8 or later"), kernel
+        assert "not probed" in checks["hooks"]["detail"]
+        assert (agent_rc, lines) == (
+            4,
+            [f"whyrestart: {kernel['detail']}", f"  fix: {kernel['fix']}"],
+        )
+    elif bad == "no_btf":
+        assert checks["kernel"]["ok"] is True
+        assert checks["btf"]["ok"] is False
+        assert checks["btf"]["detail"] == "/sys/kernel/btf/vmlinux missing"
+        assert checks["btf"]["fix"] == "use a kernel with CONFIG_DEBUG_INFO_BTF=y"
+        assert (agent_rc, lines) == (
+            4,
+            [
+                "whyrestart: this kernel has no BTF (/sys/kernel/btf/vmlinux is missing)",
+                "  fix: use a kernel built with CONFIG_DEBUG_INFO_BTF=y (the default on Debian,"
+                " Ubuntu, Fedora and RHEL since 2021)",
+            ],
+        )
+    else:
+        assert checks["root"]["ok"] is True  # root, but without the capabilities BPF needs
+        hooks = checks["hooks"]
+        assert hooks["ok"] is False and "EPERM" in hooks["detail"], hooks
+        assert "CAP_BPF, CAP_PERFMON and CAP_SYS_RESOURCE" in hooks["fix"], hooks
+        assert agent_rc == 5, lines
+        assert lines == [
+            "whyrestart: loading OBJDIR/whyrestart.bpf.o: EPERM (Operation not permitted)",
+            "  fix: run as root (or with CAP_BPF, CAP_PERFMON and CAP_SYS_RESOURCE)",
+        ]

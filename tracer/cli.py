@@ -615,12 +615,13 @@ def postmortem_header(facts: Any) -> Any:
     same ``analyzer_for`` then judges (no supervisor pids: none were given)."""
     import platform
 
+    from tracer.sources.system import kernel_release
     from tracer.trace.format import TraceHeader
 
     return TraceHeader(
         tool_version=__version__,
         host=platform.node(),
-        kernel=platform.release(),
+        kernel=kernel_release(),
         cgroup={"hierarchy": facts.hierarchy},
         clock_offset_ns=facts.realtime_offset,
         hooks={},

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import platform
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +39,8 @@ def run_checks() -> tuple[list[Check], dict[str, Any]]:
     # Long on purpose: the checks in the order doctor prints them, each a few lines, the later
     # ones (attaching the hooks) only tried when the earlier ones passed.
     checks: list[Check] = []
-    facts: dict[str, Any] = {"kernel": platform.release()}
+    release = system.kernel_release()
+    facts: dict[str, Any] = {"kernel": release}
     root = os.geteuid() == 0
     checks.append(
         Check(
@@ -48,6 +48,15 @@ def run_checks() -> tuple[list[Check], dict[str, Any]]:
             root,
             "running as root" if root else "not root",
             "run with sudo" if not root else "",
+        )
+    )
+    too_old = system.kernel_too_old(release)
+    checks.append(
+        Check(
+            "kernel",
+            too_old is None,
+            too_old or f"kernel {release}",
+            system.KERNEL_FIX if too_old else "",
         )
     )
     btf = os.path.exists(system.BTF_PATH)
@@ -118,7 +127,9 @@ def run_checks() -> tuple[list[Check], dict[str, Any]]:
         )
     )
 
-    if root and btf and built and loaded:
+    # on a kernel too old the load fails with a libbpf error that names neither the kernel nor
+    # the fix: the kernel line above already says both
+    if root and too_old is None and btf and built and loaded:
         try:
             cfg = layout.WrConfig(
                 filter_all=0,
@@ -155,7 +166,7 @@ def run_checks() -> tuple[list[Check], dict[str, Any]]:
             Check(
                 "hooks",
                 False,
-                "not probed (needs root, BTF, libbpf and the built object)",
+                "not probed (needs root, a new enough kernel, BTF, libbpf and the built object)",
                 "fix the checks above",
                 required=True,
             )

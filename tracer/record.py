@@ -134,6 +134,9 @@ def preflight() -> None:
             "recording needs root: BPF programs are loaded into the kernel",
             "run it with sudo (replaying a trace does not need root)",
         )
+    too_old = system.kernel_too_old(system.kernel_release())
+    if too_old:
+        raise KernelUnsupported(too_old, system.KERNEL_FIX)
     if not os.path.exists(system.BTF_PATH):
         raise KernelUnsupported(
             f"this kernel has no BTF ({system.BTF_PATH} is missing)",
@@ -454,7 +457,7 @@ class Recorder:
             schema=SCHEMA_VERSION,
             tool_version=__version__,
             host=platform.node(),
-            kernel=platform.release(),
+            kernel=system.kernel_release(),
             cgroup=dataclasses.asdict(cg_layout),
             clock_offset_ns=realtime_offset_ns(),
             hooks=parts.hooks,

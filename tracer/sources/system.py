@@ -1,4 +1,5 @@
-"""Facts about this machine the recorder and ``doctor`` need: BTF, tracefs, root, kernel log.
+"""Facts about this machine the recorder and ``doctor`` need: kernel version, BTF, tracefs, root,
+kernel log.
 
 Each check returns data (never prints), so ``doctor`` can show all of them and ``record`` can
 fail on the first one that matters.
@@ -8,10 +9,46 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 
 BTF_PATH = "/sys/kernel/btf/vmlinux"
 TRACEFS = "/sys/kernel/tracing"
 DEBUGFS_TRACING = "/sys/kernel/debug/tracing"
+
+# The oldest kernel the BPF objects load on: both ring buffers (BPF_MAP_TYPE_RINGBUF, commit
+# 457f44363a88) and every event's timestamp (bpf_ktime_get_boot_ns, commit 71d19214776e) came in
+# 5.8. Older kernels refuse the object with a libbpf error that names neither, so the version is
+# checked first and the message says what to do. (A vendor kernel that backports both under an
+# older number, as RHEL 8's 4.18 may, is refused too: none is tested here.)
+MIN_KERNEL = (5, 8)
+KERNEL_FIX = (
+    f"boot Linux {MIN_KERNEL[0]}.{MIN_KERNEL[1]} or later (Debian 11, Ubuntu 22.04 and RHEL 9 "
+    "ship one); replaying a trace recorded elsewhere works on any kernel"
+)
+
+
+def kernel_release() -> str:
+    """The running kernel's release, as uname(2) reports it (the only place it is read)."""
+    return os.uname().release
+
+
+def kernel_version(release: str) -> tuple[int, int] | None:
+    """(major, minor) of a uname release: "6.1.0-18-amd64" -> (6, 1); None if it does not
+    start with two numbers (a custom build's string: then nothing is judged by it)."""
+    m = re.match(r"(\d+)\.(\d+)", release)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def kernel_too_old(release: str) -> str | None:
+    """Why a kernel of this release cannot record, or None when it is new enough (or its
+    version cannot be read from the release)."""
+    version = kernel_version(release)
+    if version is None or version >= MIN_KERNEL:
+        return None
+    return (
+        f"kernel {release} is too old: whyrestart needs Linux {MIN_KERNEL[0]}.{MIN_KERNEL[1]} "
+        "or later (BPF ring buffer, bpf_ktime_get_boot_ns)"
+    )
 
 
 def tracefs_events_dir() -> str | None:
