@@ -11,7 +11,8 @@ and wheelhouse: no network in the build). Then:
   hostPath and emptyDir mount, the container's args), so the two cannot drift; a real cgroup
   OOM kill on the host (a hog in a child memory cgroup) reaches its /metrics;
 - bad input gives the checkout's messages: without privileges, the capability error naming
-  the fix; with /sys/kernel/btf hidden, the BTF message.
+  the fix; with /sys/kernel/btf hidden, the BTF message; on a kernel reporting an old release,
+  the kernel message.
 """
 
 from __future__ import annotations
@@ -359,4 +360,40 @@ def test_a_host_without_btf_gives_the_btf_message(image: str, tmp_path: Path) ->
         "whyrestart: this kernel has no BTF (/sys/kernel/btf/vmlinux is missing)",
         "  fix: use a kernel built with CONFIG_DEBUG_INFO_BTF=y (the default on Debian, Ubuntu,"
         " Fedora and RHEL since 2021)",
+    ]
+
+
+def test_a_kernel_too_old_gives_the_kernel_message(image: str) -> None:
+    """This kernel made to report an old release (the UNAME26 personality, set by the image's
+    own setarch before it runs whyrestart), with every privilege the DaemonSet grants: doctor
+    and the agent refuse it by name, with the fix, as from a checkout (tests/test_wheel_root.py
+    compares the two there)."""
+    old = ["--privileged", "--pid=host", "--entrypoint=setarch", image, "--uname-2.6"]
+    r = subprocess.run(
+        ["podman", "run", "--rm", "--network=none", *old, "whyrestart", "doctor", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=ENV,
+    )
+    doc = json.loads(r.stdout)
+    checks = {c["name"]: c for c in doc["checks"]}
+    assert r.returncode == 4 and doc["ok"] is False
+    kernel = checks["kernel"]
+    assert kernel["ok"] is False and kernel["required"] is True, kernel
+    assert re.fullmatch(
+        r"kernel 2\.6\.\d+\S* is too old: whyrestart needs Linux 5\.8 or later "
+        r"\(BPF ring buffer, bpf_ktime_get_boot_ns\)",
+        kernel["detail"],
+    ), kernel
+    assert kernel["fix"].startswith("boot Linux 5.8 or later"), kernel
+    r = subprocess.run(
+        ["podman", "run", "--rm", "--network=none", *old, "whyrestart", "agent",
+         "--state-dir=/tmp/state"],
+        capture_output=True, text=True, timeout=120, env=ENV,
+    )  # fmt: skip
+    assert r.returncode == 4, r.stderr[-3000:]
+    assert r.stderr.splitlines()[:2] == [
+        f"whyrestart: {kernel['detail']}",
+        f"  fix: {kernel['fix']}",
     ]

@@ -104,6 +104,25 @@ def test_doctor_from_the_wheel_with_no_system_libbpf(wheel_venv: Path, tmp_path:
     )
     assert checks["bpf_object"]["detail"].startswith(site)
     assert checks["hook:exit"]["ok"] is True, checks["hook:exit"]
+    # "nothing changes": with the system libbpf on the search path again, the wheel's doctor
+    # says the same, check for check (the bundled libbpf included), but for the GPU side's
+    # details, which count other recorders on this shared host at that moment
+    r = subprocess.run(
+        [str(venv / "bin" / "whyrestart"), "doctor", "--json"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    visible = {c["name"]: c for c in json.loads(r.stdout)["checks"]}
+    assert visible.keys() == checks.keys()
+    for name, check in checks.items():
+        if name.startswith(("gpu", "hook:gpu", "nvml")):
+            assert visible[name]["ok"] == check["ok"], name
+        else:
+            assert visible[name] == check, name
 
 
 # -- bad input: the same messages from the wheel as from a checkout --------------------------------
