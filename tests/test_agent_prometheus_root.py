@@ -130,11 +130,15 @@ def test_prometheus_scrapes_the_agents_oom_kills_and_restarts(
         # the unit's label: podman's name for it, or its id where podman did not answer in time
         cid = podman("inspect", "-f", "{{.Id}}", name).stdout.strip()
         unit = f"podman ({name}|{cid[:12]})"
-        # both runs of the restarted container, OOM-killed, counted by Prometheus. (The agent's
-        # linking of the restart itself, whyrestart_restarts_total, is not asserted: in
-        # fresh-clone runs it was missing 2 times of 3, a known gap of the agent's analysis.)
+        # both runs of the restarted container, OOM-killed, and the restart between them
         oom_exits = f'sum(whyrestart_exits_total{{unit=~"{unit}",cause="cgroup_oom"}})'
         until(lambda: query(base, oom_exits) == 2.0, timeout=60)
+        restarts = f'sum(whyrestart_restarts_total{{unit=~"{unit}",cause="cgroup_oom"}})'
+        try:
+            until(lambda: query(base, restarts) == 1.0, timeout=60)
+        except AssertionError:
+            lines = [ln for ln in agent.metrics().splitlines() if "restarts_total{" in ln]
+            raise AssertionError(f"no cgroup_oom restart on /metrics: {lines}") from None
         ooms = query(base, f'sum(whyrestart_exits_total{{unit=~"{unit}",cause="cgroup_oom"}})')
         assert ooms == 2.0  # the first run and the restarted one
         assert query(base, f'sum(whyrestart_oom_kills_total{{unit=~"{unit}"}})') == 2.0

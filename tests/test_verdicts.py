@@ -401,6 +401,45 @@ def test_the_main_process_killed_then_restarted_is_one_restart() -> None:
     assert r.downtime_ns == t(2.0)
 
 
+def test_an_always_on_consumer_takes_each_restart_once_with_its_exits_verdict() -> None:
+    """The agent hands restarts on as they happen. A new main process that starts within the
+    second after the old one's exit is linked before that exit is judged: the restart waits
+    for the verdict instead of going out as "pending" (a metric labelled with no cause)."""
+    a = Analyzer()
+    a.feed_many(
+        [
+            *unit_stream(),
+            oom(1.0, 100, limit_cgroup=40, victim_cg=40),
+            killed(1.1, 100, signal.SIGKILL, cg=40),
+            execd(1.4, 200, 40, "llm"),
+        ]
+    )
+    assert [r.cause for r in a.restarts] == ["pending"]
+    assert a.take_restarts() == []  # linked, not judged yet
+    a.feed_many([forked(3.0, 200, 201, 40, "llm")])  # the stream moves past the settle window
+    [r] = a.take_restarts()
+    assert (r.unit, r.old_pid, r.new_pid, r.cause) == ("llm.service", 100, 200, "cgroup_oom")
+    assert a.take_restarts() == [] and a.restarts == []  # handed on once, none kept
+
+
+def test_a_restart_whose_old_exit_is_never_judged_goes_as_unknown() -> None:
+    a = Analyzer()
+    a.feed_many(
+        [
+            *unit_stream(),
+            oom(1.0, 100, limit_cgroup=40, victim_cg=40),
+            killed(1.1, 100, signal.SIGKILL, cg=40),
+            execd(1.4, 200, 40, "llm"),
+            forked(3.0, 200, 201, 40, "llm"),  # (judged by now)
+        ]
+    )
+    a.table.cause.clear()  # (as if the verdict had been evicted before the restart went out)
+    a.feed_many([forked(30.0, 200, 202, 40, "llm")])
+    assert a.take_restarts() == []  # not a minute yet: it may still come
+    a.feed_many([forked(62.0, 200, 203, 40, "llm")])
+    assert [(r.old_pid, r.new_pid, r.cause) for r in a.take_restarts()] == [(100, 200, "unknown")]
+
+
 # -- properties ----------------------------------------------------------------------------
 
 

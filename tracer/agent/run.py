@@ -85,7 +85,6 @@ class Agent:
         self.layout = CgroupLayout.from_system()
         self.recorder: Recorder | None = None
         self._unit_paths: dict[str, str] = {}  # unit label -> a cgroup path of it
-        self._restarts_seen = 0
         self._lost = 0
         self._next_housekeeping = 0.0
         self._ready = False
@@ -222,11 +221,10 @@ class Agent:
         if not force and now < self._next_housekeeping:
             return
         self._next_housekeeping = now + HOUSEKEEPING_S
-        restarts = self._analyzer().restarts
-        for r in restarts[self._restarts_seen :]:
+        # (a restart goes out once its old exit's verdict names its cause; none is kept)
+        for r in self._analyzer().take_restarts(final=force):
             self.metrics.restart(r, label_parts(r.unit))
             self.journal.add(restart_entry(r, self.boot, self._clock_offset()))
-        self._restarts_seen = len(restarts)
         self._clean_exits()
         self.journal.flush()
         # (incidents are written between rotations: the budget is applied here too)

@@ -24,6 +24,9 @@ from tracer.events import Exec
 
 SECOND = 1_000_000_000
 HELPER_NS = 2 * SECOND  # a systemd unit's main process this short-lived and clean is a helper
+# the causes of main-process exits kept for the restarts that will name them: bounded, the
+# oldest go first (an always-on agent sees a unit's main process end many thousands of times)
+MAX_CAUSES = 65536
 
 
 class Proc(msgspec.Struct, gc=False):
@@ -58,7 +61,7 @@ class ProcessTable:
         self.links: list[tuple[int, str, int, int, int, str]] = []
         # (pid, exit ts) -> the cause of that exit's verdict: a restart names it (by pid
         # alone, a later process reusing the pid would relabel it)
-        self.cause: dict[tuple[int, int], str] = {}
+        self.cause: OrderedDict[tuple[int, int], str] = OrderedDict()
         self.mains: set[str] = set()  # labels of the units a main process was seen in
         self.checks: set[int] = set()  # pids of exec health checks (ProbeSample.pid)
         self.cgroup_units: dict[int, UnitName | None] = {}  # cgroup id -> unit_of_cgroup
@@ -218,17 +221,43 @@ class ProcessTable:
 
     def restarts(self) -> list[Restart]:
         """Main-process exits followed by a new main process in the same unit."""
-        return [
-            Restart(
-                ts=ts,
-                unit=unit,
-                old_pid=old,
-                new_pid=new,
-                downtime_ns=ts - old_ts,
-                cause=self.cause.get((old, old_ts), "pending"),
-            )
-            for ts, unit, old, old_ts, new, _ in self.links
-        ]
+        return [self._restart(link, "pending") for link in self.links]
+
+    def take_restarts(self, unjudged_before: int | None) -> list[Restart]:
+        """For an always-on consumer: the restarts linked so far whose old main process's exit
+        has been judged, in order, taken out of the table (each is handed on once, with its
+        cause, and none is kept). A link waits for its exit's verdict (judged SETTLE_NS after
+        the exit, and the new main process often starts before that); one whose exit, older
+        than ``unjudged_before``, has still not been judged never will be, and goes as
+        "unknown". ``None``: take every link (the stream has ended, every exit is judged)."""
+        links, cause = self.links, self.cause
+        n = 0
+        for link in links:
+            judged = (link[2], link[3]) in cause
+            if not judged and unjudged_before is not None and link[3] >= unjudged_before:
+                break
+            n += 1
+        out = [self._restart(link, "unknown") for link in links[:n]]
+        del links[:n]
+        return out
+
+    def note_cause(self, pid: int, ts: int, cause: str) -> None:
+        """The verdict of a restartable exit, for the restart that will name it."""
+        causes = self.cause
+        causes[(pid, ts)] = cause
+        if len(causes) > MAX_CAUSES:
+            causes.popitem(last=False)
+
+    def _restart(self, link: tuple[int, str, int, int, int, str], unjudged: str) -> Restart:
+        ts, unit, old, old_ts, new, _ = link
+        return Restart(
+            ts=ts,
+            unit=unit,
+            old_pid=old,
+            new_pid=new,
+            downtime_ns=ts - old_ts,
+            cause=self.cause.get((old, old_ts), unjudged),
+        )
 
     def restart_counts(self) -> list[tuple[str, int, int | None, str]]:
         """Per unit: (unit, restarts whyrestart linked, restarts the supervisor counted over

@@ -87,6 +87,7 @@ __all__ = [
 SECOND = 1_000_000_000
 ROUND_NS = SECOND // 20  # exits are judged, and old evidence dropped, in rounds this far apart
 JUMP_NS = 600 * SECOND  # a record this far ahead of the stream is not trusted on its own
+UNJUDGED_NS = 60 * SECOND  # an exit not judged this long after it ended never will be
 
 
 class Analyzer:
@@ -167,6 +168,11 @@ class Analyzer:
     def restarts(self) -> list[Restart]:
         """Main-process exits followed by a new main process in the same unit."""
         return self.table.restarts()
+
+    def take_restarts(self, final: bool = False) -> list[Restart]:
+        """``ProcessTable.take_restarts``: a restart whose old exit is a minute of stream time
+        behind and still not judged (its process was evicted unjudged) goes as "unknown"."""
+        return self.table.take_restarts(None if final else self._now - UNJUDGED_NS)
 
     def restart_counts(self) -> list[tuple[str, int, int | None, str]]:
         return self.table.restart_counts()
@@ -386,7 +392,7 @@ class Analyzer:
         due.sort(key=_exit_order)  # (they arrive nearly in order: linear then)
         out: list[Verdict] = []
         ev, kept = self.ev, self.kept
-        checks, cause = self.table.checks, self.table.cause
+        checks, note_cause = self.table.checks, self.table.note_cause
         by_pid, gpu = ev.by_pid, ev.gpu
         # Without every_verdict, verdicts that retention would not keep are only counted,
         # without being judged (a busy host's --all trace is mostly those, and a replay of one
@@ -412,7 +418,7 @@ class Analyzer:
                 and (drop_any or (drop_clean and status == 0))
             ):
                 if restartable:
-                    cause[(pid, ex.ts)] = APP_EXIT  # a restart may name it
+                    note_cause(pid, ex.ts, APP_EXIT)  # a restart may name it
                 counted += 1
                 continue
             if not every and not restartable and kept.full_of_kills():
@@ -422,7 +428,7 @@ class Analyzer:
             else:
                 v = self._judge(ex, unit, main)
                 if restartable:
-                    cause[(pid, ex.ts)] = v.cause  # a restart may name it
+                    note_cause(pid, ex.ts, v.cause)  # a restart may name it
                 kept.keep(v)
                 drop_clean, drop_any = kept.drops_routine(True), kept.drops_routine(False)
                 out.append(v)
