@@ -19,6 +19,7 @@ import pytest
 
 from tests import dockerd
 from tests.dockerd import DockerEngine
+from tests.mt import build as mt_build
 from tracer.bpf import hooks
 from tracer.errors import KernelUnsupported, UsageError
 from tracer.sources.cgroupfs import CgroupLayout, own_memory_cgroup
@@ -109,6 +110,24 @@ def bare_target() -> Path:
     if r.returncode != 0:
         pytest.fail(f"scripts/bare-target failed: {r.stderr[-3000:]}")
     return Path(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="session")
+def mtwork(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tests/mt/mtwork.c, the multi-threaded workload of the exactness tests and of the
+    multi-threaded twins, built here."""
+    if mt_build.gcc() is None:
+        pytest.skip("no C compiler (gcc) to build tests/mt")
+    return mt_build.mtwork(tmp_path_factory.mktemp("mt-bin"))
+
+
+@pytest.fixture(scope="session")
+def mtwork_static(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same program linked statically, for container images without a C library (mounted
+    read-only into the container: podman/docker -v PATH:/mtwork:ro)."""
+    if mt_build.gcc() is None:
+        pytest.skip("no C compiler (gcc) to build tests/mt")
+    return mt_build.mtwork(tmp_path_factory.mktemp("mt-static"), static=True)
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,9 @@ by the ``docker_engine`` fixture (no registry).
 
 from __future__ import annotations
 
+import json
 import re
+import signal
 import time
 from pathlib import Path
 
@@ -15,9 +17,11 @@ import pytest
 from click.testing import CliRunner
 
 from tests.dockerd import DockerdFailed, DockerEngine, start_dockerd
+from tests.mt.program import the_program
 from tests.recording import record_while, wait_for
 from tracer.cli import main
 from tracer.events import ProbeSample
+from tracer.record import RecordResult
 from tracer.render import Clock, verdict_table
 from tracer.trace.reader import read_trace
 
@@ -37,12 +41,19 @@ def compose_file(engine: DockerEngine, path: Path, services: str) -> None:
     (path / "docker-compose.yml").write_text(f'version: "2.4"\nservices:\n{services}')
 
 
-def test_compose_oom_restarts_are_cgroup_ooms_and_agree_with_docker(
-    tmp_path: Path, engine: DockerEngine
-) -> None:
-    """restart: on-failure:3 with mem_limit 32m and a program that outgrows it: four OOM
-    kills, three restarts, and Docker's RestartCount (3) agrees with the restarts linked."""
-    project = engine.unique("wroom")
+def record_oom_loop(
+    tmp_path: Path,
+    engine: DockerEngine,
+    prefix: str,
+    command: list[str],
+    restarts: int,
+    volumes: tuple[str, ...] = (),
+) -> tuple[RecordResult, str]:
+    """A Compose service "hog" running ``command`` under mem_limit 32m (no swap) with restart:
+    on-failure:``restarts``, recorded from its first start until Docker has restarted it that
+    many times and it stays exited (Docker's RestartCount and OOMKilled checked): the result
+    and the container's name."""
+    project = engine.unique(prefix)
     compose_file(
         engine,
         tmp_path,
@@ -51,8 +62,9 @@ def test_compose_oom_restarts_are_cgroup_ooms_and_agree_with_docker(
     network_mode: none
     mem_limit: 32m
     memswap_limit: 32m
-    restart: on-failure:3
-    command: ["awk", "BEGIN {{ s = \\"xxxxxxxxxxxxxxxx\\"; while (1) s = s s }}"]
+    restart: on-failure:{restarts}
+    volumes: {json.dumps(list(volumes))}
+    command: {json.dumps(command)}
 """,
     )
     engine.compose(tmp_path, project, "up", "--no-start")
@@ -63,9 +75,9 @@ def test_compose_oom_restarts_are_cgroup_ooms_and_agree_with_docker(
 
         def done() -> bool:
             st = engine.inspect(name)
-            return st["State"]["Status"] == "exited" and st["RestartCount"] == 3
+            return st["State"]["Status"] == "exited" and st["RestartCount"] == restarts
 
-        wait_for(done, 120, "4 OOM kills and 3 restarts")
+        wait_for(done, 120, f"{restarts + 1} OOM kills and {restarts} restarts")
 
     try:
         # by its Compose service name: the label finds the one container of service "hog"
@@ -73,7 +85,21 @@ def test_compose_oom_restarts_are_cgroup_ooms_and_agree_with_docker(
         st = engine.inspect(name)
     finally:
         engine.compose(tmp_path, project, "down", "-t", "0", check=False)
-    assert (st["RestartCount"], st["State"]["OOMKilled"], st["State"]["ExitCode"]) == (3, True, 137)
+    assert (st["RestartCount"], st["State"]["OOMKilled"], st["State"]["ExitCode"]) == (
+        restarts,
+        True,
+        137,
+    )
+    return res, name
+
+
+def test_compose_oom_restarts_are_cgroup_ooms_and_agree_with_docker(
+    tmp_path: Path, engine: DockerEngine
+) -> None:
+    """restart: on-failure:3 with mem_limit 32m and a program that outgrows it: four OOM
+    kills, three restarts, and Docker's RestartCount (3) agrees with the restarts linked."""
+    awk = 'BEGIN { s = "xxxxxxxxxxxxxxxx"; while (1) s = s s }'
+    res, name = record_oom_loop(tmp_path, engine, "wroom", ["awk", awk], 3)
     unit = f"docker {name}"
     assert [(v.cause, v.unit, v.main, v.confidence) for v in res.verdicts] == [
         ("cgroup_oom", unit, True, "high")
@@ -81,6 +107,27 @@ def test_compose_oom_restarts_are_cgroup_ooms_and_agree_with_docker(
     assert all(v.limit_bytes == 32 * MiB and v.limit_cgroup for v in res.verdicts)
     assert [(r.unit, r.cause) for r in res.restarts] == [(unit, "cgroup_oom")] * 3
     assert res.restart_counts == [(unit, 3, 3, "docker")]
+
+
+def test_a_multithreaded_service_oom_killed_in_a_worker_is_one_cgroup_oom_per_run(
+    tmp_path: Path, engine: DockerEngine, mtwork_static: Path
+) -> None:
+    """The twin of the test above with tests/mt/mtwork.c (mounted read-only) as the service:
+    five threads, the last worker (wrk4) allocating until the OOM killer ends the process;
+    restarted once: two runs, each one exit record and one cgroup_oom naming the program."""
+    mount = f"{mtwork_static}:/mtwork:ro"
+    res, name = record_oom_loop(
+        tmp_path, engine, "wrmtoom", ["/mtwork", "oom", "5"], 1, volumes=(mount,)
+    )
+    runs = the_program(read_trace(res.path).events, res.verdicts, runs=2)
+    unit = f"docker {name}"
+    assert [(v.cause, v.unit, v.main, v.limit_bytes) for v, _ in runs] == [
+        ("cgroup_oom", unit, True, 32 * MiB)
+    ] * 2
+    assert [ex.status for _, ex in runs] == [signal.SIGKILL] * 2
+    assert len(res.verdicts) == 2
+    assert [(r.unit, r.cause) for r in res.restarts] == [(unit, "cgroup_oom")]
+    assert res.restart_counts == [(unit, 1, 1, "docker")]
 
 
 def autoheal(engine: DockerEngine, name: str, first_start: str) -> bool:

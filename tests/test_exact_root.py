@@ -22,7 +22,9 @@ from typing import TYPE_CHECKING
 import pytest
 
 from tests.mt import build
+from tests.mt.program import the_program
 from tests.recording import record
+from tracer.analysis.findings import Verdict
 from tracer.events import Event, Exit, OomKill, Signal
 from tracer.record import Recorder, RecordResult, Targets
 from tracer.sources.cgroupfs import CgroupLayout, ChildCgroup
@@ -38,11 +40,6 @@ pytestmark = [
 
 MiB = 1 << 20
 STORM = 300  # processes of 2-4 threads, each SIGKILLed
-
-
-@pytest.fixture(scope="module")
-def mtwork(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build.mtwork(tmp_path_factory.mktemp("mt-bin"))
 
 
 def exits_of(path: str) -> list[Exit]:
@@ -191,14 +188,13 @@ p.wait()
 """
 
 
-def one_verdict(res: RecordResult, comm: str = "mtwork") -> tuple[object, Exit]:
-    """The single verdict and exit record of the workload: one of each, naming the program."""
-    exits = [e for e in exits_of(res.path or "") if e.comm != "kill" and "python" not in e.comm]
-    assert [e.comm for e in exits] == [comm], exits
-    [v] = [v for v in res.verdicts if v.pid == exits[0].pid]
-    assert v.comm == comm
-    assert not [v for v in res.verdicts if v.comm.startswith("wrk")]
-    return v, exits[0]
+def one_verdict(res: RecordResult) -> tuple[Verdict, Exit]:
+    """The single verdict and exit record of the workload, naming the program; no other exit
+    but the killer's (kill, python)."""
+    exits = exits_of(res.path or "")
+    [(v, ex)] = the_program(exits, res.verdicts)
+    assert [e for e in exits if e.comm not in (ex.comm, "kill") and "python" not in e.comm] == []
+    return v, ex
 
 
 @pytest.mark.parametrize("sig", ["TERM", "KILL"])
@@ -210,7 +206,7 @@ def test_a_multithreaded_process_killed_by_another_names_the_program_and_sender(
     signum = getattr(signal, f"SIG{sig}")
     assert ex.status == signum
     [kill] = [e for e in exits_of(res.path or "") if e.comm == "kill"]
-    assert (v.cause, v.signal, v.sender_pid, v.sender_comm) == (  # type: ignore[attr-defined]
+    assert (v.cause, v.signal, v.sender_pid, v.sender_comm) == (
         "signal_kill",
         f"SIG{sig}",
         kill.pid,
@@ -228,7 +224,7 @@ def test_a_multithreaded_process_oom_killed_in_a_worker_is_one_cgroup_oom(
         path = cg.path
     v, ex = one_verdict(res)
     assert ex.status == signal.SIGKILL
-    assert (v.cause, v.limit_cgroup, v.limit_bytes) == ("cgroup_oom", path, 64 * MiB)  # type: ignore[attr-defined]
+    assert (v.cause, v.limit_cgroup, v.limit_bytes) == ("cgroup_oom", path, 64 * MiB)
     events = read_trace(res.path or "").events
     [oom] = [e for e in events if isinstance(e, OomKill)]
     assert (oom.victim_pid, oom.victim_comm, oom.memcg) == (ex.pid, "mtwork", True)
@@ -251,8 +247,8 @@ def test_a_worker_that_crashes_with_a_core_dump_is_one_crash_of_the_program(
     v, ex = one_verdict(res)
     # what wait() reports: the signal with the core-dump bit, whichever thread passed last
     assert ex.status == sig | 0x80
-    assert (v.cause, v.signal) == ("app_exit", signal.Signals(sig).name)  # type: ignore[attr-defined]
-    assert v.summary.startswith(summary)  # type: ignore[attr-defined]
+    assert (v.cause, v.signal) == ("app_exit", signal.Signals(sig).name)
+    assert v.summary.startswith(summary)
     # the fault hit a worker thread: the signal is still the process's
     raised = [
         e for e in read_trace(res.path or "").events if isinstance(e, Signal) and e.sig == sig
@@ -264,7 +260,7 @@ def test_exit_from_a_worker_is_the_programs_exit_code(tmp_path: Path, mtwork: Pa
     res = record(tmp_path, [str(mtwork), "exit", "5", "23"])
     v, ex = one_verdict(res)
     assert ex.status == 23 << 8
-    assert (v.cause, v.exit_code) == ("app_exit", 23)  # type: ignore[attr-defined]
+    assert (v.cause, v.exit_code) == ("app_exit", 23)
     assert res.command_status == 23
 
 
@@ -346,7 +342,7 @@ def table_size(probe: object) -> int:
     """Distinct ids in watched_cgroups (a listing that races a delete may repeat a key)."""
     import ctypes
 
-    keys = probe.watched_cgroups.keys(ctypes.c_uint64)  # type: ignore[attr-defined]
+    keys = probe.watched_cgroups.keys(ctypes.c_uint64)
     return len({k.value for k in keys})
 
 

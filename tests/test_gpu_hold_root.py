@@ -23,6 +23,7 @@ from typing import TypeVar
 import pytest
 
 from tests.gpu import build
+from tests.mt.program import the_program
 from tracer.bpf import layout
 from tracer.bpf.gpuhooks import GpuHooks
 from tracer.clock import boottime_ns
@@ -56,13 +57,18 @@ def fast(tmp_path: Path) -> Fast:
 
 
 def record(
-    tmp_path: Path, fast: Fast, monkeypatch: pytest.MonkeyPatch, *args: str
+    tmp_path: Path,
+    fast: Fast,
+    monkeypatch: pytest.MonkeyPatch,
+    *args: str,
+    program: Path | None = None,
 ) -> tuple[RecordResult, list[Event], dict[str, int]]:
+    """Record ``program`` (fast's by default) with ``args``, the stand-in found through
+    LD_LIBRARY_PATH and a 1 MiB budget."""
     monkeypatch.setenv("LD_LIBRARY_PATH", str(fast.libdir))
     monkeypatch.setenv("FAKE_CUDA_BUDGET_BYTES", str(MiB))
-    res = Recorder(
-        str(tmp_path / "run.trace"), Targets(command=[str(fast.program), *args]), duration=120
-    ).run()
+    argv = [str(program or fast.program), *args]
+    res = Recorder(str(tmp_path / "run.trace"), Targets(command=argv), duration=120).run()
     assert res.path is not None
     trace = read_trace(res.path)
     events = list(trace.events)
@@ -77,12 +83,8 @@ def of(kind: type[T], events: list[Event]) -> list[T]:
     return [e for e in events if isinstance(e, kind)]
 
 
-def test_a_program_that_fails_at_once_and_exits_2_is_gpu_oom(
-    tmp_path: Path, fast: Fast, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    res, events, holds = record(tmp_path, fast, monkeypatch, "fail")
-    [ex] = of(Exit, events)
-    assert ex.wait.code == 2
+def the_refused_allocation(events: list[Event], ex: Exit, fast: Fast) -> GpuAllocFailure:
+    """The one 2 MiB cuMemAlloc_v2 refused in the process of ``ex``, in the library it opened."""
     [lib] = of(GpuLibrary, events)
     assert (lib.pid, lib.path, lib.error) == (ex.pid, str(fast.libdir / "libcuda.so.1"), "")
     [fail] = of(GpuAllocFailure, events)
@@ -92,6 +94,16 @@ def test_a_program_that_fails_at_once_and_exits_2_is_gpu_oom(
         2 * MiB,
         2,
     )
+    return fail
+
+
+def test_a_program_that_fails_at_once_and_exits_2_is_gpu_oom(
+    tmp_path: Path, fast: Fast, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    res, events, holds = record(tmp_path, fast, monkeypatch, "fail")
+    [ex] = of(Exit, events)
+    assert ex.wait.code == 2
+    the_refused_allocation(events, ex, fast)
     [v] = res.verdicts
     assert (v.pid, v.cause, v.exit_code, v.confidence) == (ex.pid, "gpu_oom", 2, "high")
     # held once, by the kernel, and resumed by the recorder
@@ -171,6 +183,43 @@ def test_a_fork_storm_of_such_programs_has_every_failure_counted(
         assert len(caught) + missed >= n
     gpu_oom = {v.pid for v in res.verdicts if v.cause == "gpu_oom"}
     assert gpu_oom == caught
+
+
+# -- multi-threaded twins (issue 23): tests/mt/mtwork.c, threads named wrk1, wrk2, ... --------
+
+
+@pytest.mark.parametrize(
+    ("mode", "in_worker", "sig"),
+    [
+        # the headline: the main thread catches a CUDA OOM, then starts its threads, then
+        # exits 1. A record describing the thread that passed exit last (a worker started after
+        # the failure) kept no evidence from before that worker's start: app_exit.
+        ("gpu-late", False, None),
+        ("gpu-exit", True, None),  # a worker's allocation is refused; it calls exit(1)
+        ("gpu-abort", True, signal.SIGABRT),  # ... and calls abort(): a core dump
+    ],
+)
+def test_a_multithreaded_program_refused_device_memory_is_one_gpu_oom(
+    tmp_path: Path,
+    fast: Fast,
+    monkeypatch: pytest.MonkeyPatch,
+    mtwork: Path,
+    mode: str,
+    in_worker: bool,
+    sig: signal.Signals | None,
+) -> None:
+    monkeypatch.setenv("MT_DIR", str(tmp_path))  # a core file lands there
+    res, events, holds = record(tmp_path, fast, monkeypatch, mode, "5", program=mtwork)
+    [(v, ex)] = the_program(events, res.verdicts)
+    fail = the_refused_allocation(events, ex, fast)
+    # the thread that was refused: the main thread, or the last worker (wrk4 of 5 threads)
+    assert (fail.tid != ex.pid, fail.comm) == (in_worker, "wrk4" if in_worker else "mtwork")
+    assert (v.cause, v.confidence) == ("gpu_oom", "high")
+    if sig is None:
+        assert (ex.wait.code, v.exit_code, res.command_status) == (1, 1, 1)
+    else:  # what wait() reports: the signal with the core-dump bit
+        assert (ex.status, v.signal) == (sig | 0x80, sig.name)
+    assert holds["taken"] == 1
 
 
 # -- the guard ----------------------------------------------------------------------------------

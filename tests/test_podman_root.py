@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -16,13 +17,16 @@ from pathlib import Path
 
 import pytest
 
+from tests.mt.program import the_program
 from tests.podmanimg import busybox_image, podman
 from tests.recording import record_while, wait_for
-from tracer.events import ProbeSample
+from tracer.events import OomKill, ProbeSample
 from tracer.record import Recorder, Targets
 from tracer.trace.reader import read_trace
 
 pytestmark = pytest.mark.root
+
+MiB = 1 << 20
 
 # per test run: a concurrent run removing its image must not take our containers with it
 IMAGE = f"localhost/whyrestart-test-busybox:{os.getpid()}"
@@ -88,6 +92,33 @@ def test_oom_restarts_are_linked_and_agree_with_podman(tmp_path: Path, name: str
     assert all(v.limit_bytes == 64 * 1024 * 1024 and v.limit_cgroup for v in res.verdicts)
     assert [r.cause for r in res.restarts] == ["cgroup_oom", "cgroup_oom"]
     assert res.restart_counts == [(f"podman {name}", 2, 2, "podman")]
+
+
+def test_a_multithreaded_main_process_oom_killed_in_a_worker_is_one_cgroup_oom(
+    tmp_path: Path, name: str, mtwork_static: Path
+) -> None:
+    """The twin of the test above with tests/mt/mtwork.c (mounted read-only) as the container's
+    main process: five threads, the last worker (wrk4) allocating until the OOM killer ends the
+    process under --memory=64m."""
+    podman(
+        "create", "--name", name, "--network=none", "--memory=64m",
+        "-v", f"{mtwork_static}:/mtwork:ro", IMAGE, "/mtwork", "oom", "5",
+    )  # fmt: skip
+
+    def start_and_wait() -> None:
+        podman("start", name)
+        wait_for(lambda: state(name)[0] == "exited")
+
+    res = record_while(tmp_path, name, start_and_wait)
+    events = read_trace(res.path).events
+    [(v, ex)] = the_program(events, res.verdicts)
+    assert ex.status == signal.SIGKILL
+    assert [(v.cause, v.unit, v.main) for v in res.verdicts] == [
+        ("cgroup_oom", f"podman {name}", True)
+    ]
+    assert (v.limit_bytes, bool(v.limit_cgroup)) == (64 * MiB, True)
+    [oom] = [e for e in events if isinstance(e, OomKill)]
+    assert (oom.victim_pid, oom.victim_comm, oom.memcg) == (ex.pid, "mtwork", True)
 
 
 def test_a_failing_health_check_with_kill_on_failure_is_a_probe_kill(

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.mt.program import the_program
 from tracer.events import ProbeSample
 from tracer.record import Recorder, RecordResult, Targets
 from tracer.sources.probes import parse_probe
@@ -39,13 +40,13 @@ class H(http.server.BaseHTTPRequestHandler):
 http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
 """
 
-# The supervisor starts the server, polls /health every 0.3 s with a 0.3 s timeout, and after
-# 5 failures in a row SIGKILLs it (what a home-made watchdog does); it exits once the server
-# is gone, whoever ended it.
+# The supervisor starts the server (its command: argv[3:], then PORT HANG), polls /health every
+# 0.3 s with a 0.3 s timeout, and after 5 failures in a row SIGKILLs it (what a home-made
+# watchdog does); it exits once the server is gone, whoever ended it.
 SUPERVISOR = """
 import os, signal, subprocess, sys, time, urllib.request
-port, hang, server = sys.argv[1], sys.argv[2], sys.argv[3]
-child = subprocess.Popen([sys.executable, server, port, hang])
+port, hang, server = sys.argv[1], sys.argv[2], sys.argv[3:]
+child = subprocess.Popen([*server, port, hang])
 url = f"http://127.0.0.1:{port}/health"
 failed = 0
 while child.poll() is None:
@@ -78,16 +79,22 @@ def wait_up(port: int) -> None:
     raise AssertionError("server did not start")
 
 
-def record_supervised(tmp_path: Path, action: object) -> tuple[RecordResult, int]:
+def record_supervised(
+    tmp_path: Path, action: object, server: list[str] | None = None
+) -> tuple[RecordResult, int]:
+    """Record the supervisor running ``server`` (a command that takes PORT HANG; the Python
+    SERVER by default) with an http probe of its /health; ``action(hang, server_pid)`` once a
+    few probes passed."""
     port = free_port()
     hang = tmp_path / "hang"
-    (tmp_path / "server.py").write_text(SERVER)
+    if server is None:
+        (tmp_path / "server.py").write_text(SERVER)
+        server = [sys.executable, str(tmp_path / "server.py")]
     (tmp_path / "supervisor.py").write_text(SUPERVISOR)
     from tracer.follow import ProbeSetup
 
     probes = ProbeSetup([parse_probe(f"http://127.0.0.1:{port}/health")], 0.3, 0.3)
-    argv = [sys.executable, str(tmp_path / "supervisor.py"), str(port), str(hang)]
-    argv.append(str(tmp_path / "server.py"))
+    argv = [sys.executable, str(tmp_path / "supervisor.py"), str(port), str(hang), *server]
     rec = Recorder(str(tmp_path / "s.trace"), Targets(command=argv, probes=probes), duration=90)
     out: dict[str, RecordResult] = {}
     t = threading.Thread(target=lambda: out.setdefault("res", rec.run()))
@@ -96,7 +103,7 @@ def record_supervised(tmp_path: Path, action: object) -> tuple[RecordResult, int
     time.sleep(1.0)  # a few probes pass
     server_pid = int(
         subprocess.run(
-            ["pgrep", "-f", f"server.py {port}"], capture_output=True, text=True, check=True
+            ["pgrep", "-f", f"{server[-1]} {port}"], capture_output=True, text=True, check=True
         ).stdout.split()[0]
     )
     assert callable(action)
@@ -129,3 +136,19 @@ def test_manual_kill_while_probes_pass_is_a_signal_kill(tmp_path: Path) -> None:
     assert (v.cause, v.signal, v.sender_role) == ("signal_kill", "SIGKILL", "other")
     assert v.probe_failures == 0 and v.confidence == "high"
     assert signal.SIGKILL == 9
+
+
+def test_a_multithreaded_server_killed_after_failed_probes_is_one_probe_kill(
+    tmp_path: Path, mtwork: Path
+) -> None:
+    """The twin of the first test with tests/mt/mtwork.c as the server: one thread per
+    connection (wrk1, wrk2, ...), so the threads hanging when the supervisor kills it were
+    started by the server while the probes failed, after the evidence began."""
+    res, server = record_supervised(
+        tmp_path, lambda hang, _pid: hang.write_text(""), [str(mtwork), "serve"]
+    )
+    [(v, ex)] = the_program(read_trace(res.path).events, res.verdicts)
+    assert (ex.pid, ex.status) == (server, signal.SIGKILL)
+    assert (v.cause, v.signal, v.sender_role) == ("probe_kill", "SIGKILL", "supervisor")
+    assert v.confidence == "high" and v.probe_failures >= 3
+    assert sum(what.startswith("probe http://") for _, what in v.evidence) >= 3

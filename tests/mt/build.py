@@ -13,11 +13,15 @@ def gcc() -> str | None:
     return shutil.which("gcc") or shutil.which("cc")
 
 
-def mtwork(out: Path) -> Path:
+def mtwork(out: Path, *, static: bool = False) -> Path:
+    """The program; ``static``: linked statically, to run in a container image that has no C
+    library (the busybox images of the podman and Docker tests; its gpu modes are not for it)."""
     cc = gcc()
     if cc is None:
         raise RuntimeError("no C compiler")
     path = out / "mtwork"
     src = str(HERE / "mtwork.c")
-    subprocess.run([cc, "-O1", "-pthread", "-o", str(path), src], check=True, capture_output=True)
+    flags = ["-static"] if static else []
+    args = [cc, "-O1", "-pthread", *flags, "-o", str(path), src, "-ldl"]
+    subprocess.run(args, check=True, capture_output=True)
     return path
