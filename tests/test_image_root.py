@@ -2,8 +2,8 @@
 runs it.
 
 No registry is reachable here, so its base is made locally: the bare Debian 12 root of
-scripts/bare-target imported into podman. The image is built from dist/ (scripts/build's wheel
-and wheelhouse: no network in the build). Then:
+scripts/bare-target imported into podman. The image is built by `scripts/build image` (the
+README's command), from dist/ (its wheel and wheelhouse: no network in the build). Then:
 
 - with what a DaemonSet grants, `whyrestart doctor` passes in it, with the bundled libbpf;
 - `whyrestart agent` runs in it as deploy/daemonset.yaml runs it: the podman flags are derived
@@ -54,13 +54,13 @@ def _podman(*args: str, timeout: float = 900, stdin: bytes | None = None) -> str
 
 
 @pytest.fixture(scope="module")
-def image(bare_target: Path, production_wheel: Path) -> Iterator[str]:
-    """The image, built once for this module on a base imported from the bare target."""
+def image(bare_target: Path) -> Iterator[str]:
+    """The image, built once for this module on a base imported from the bare target, by the
+    README's command (`IMAGE_BASE=... scripts/build image`: the wheel, the wheelhouse, then
+    deploy/Containerfile with podman), under a tag of this run's own."""
     uniq = f"{os.getpid()}"
     base = f"localhost/whyrestart-test-base:{uniq}"
     tag = f"localhost/whyrestart-test-image:{uniq}"
-    dist = production_wheel.parent
-    assert (dist / "wheelhouse" / production_wheel.name).exists()
     try:
         tar = subprocess.run(
             ["tar", "-C", str(bare_target), "--exclude=./tmp/*", "-c", "."],
@@ -69,17 +69,17 @@ def image(bare_target: Path, production_wheel: Path) -> Iterator[str]:
             timeout=300,
         ).stdout
         _podman("import", "-", base, stdin=tar)
-        _podman(
-            "build",
-            "-q",
-            "--build-arg",
-            f"BASE={base}",
-            "-f",
-            str(ROOT / "deploy" / "Containerfile"),
-            "-t",
-            tag,
-            str(dist),
+        r = subprocess.run(
+            [str(ROOT / "scripts" / "build"), "image"],
+            capture_output=True,
+            text=True,
+            timeout=1500,
+            env={**ENV, "IMAGE_BASE": base, "IMAGE_TAG": tag},
         )
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert f"[build] image: {tag}\n" in r.stderr, r.stderr[-3000:]
+        wheel = Path(r.stdout.strip().splitlines()[-1])
+        assert (wheel.parent / "wheelhouse" / wheel.name).exists()  # what the image took
         yield tag
     finally:
         subprocess.run(
