@@ -86,29 +86,26 @@ def docker_engine() -> Iterator[DockerEngine]:
 def production_wheel() -> Path:
     """scripts/build's wheel (root tests only: building it compiles the BPF objects). The libbpf
     source and build are cached in .cache/libbpf, so only the first session pays for them."""
-    if _root_reason() is not None:
-        pytest.skip(_root_reason() or "")
-    root = Path(__file__).resolve().parent.parent
-    r = subprocess.run(
-        [str(root / "scripts" / "build")], capture_output=True, text=True, timeout=1500
-    )
-    if r.returncode != 0:
-        pytest.fail(f"scripts/build failed: {r.stderr[-3000:]}")
-    return Path(r.stdout.strip().splitlines()[-1])
+    return _script_result("build", timeout=1500)
 
 
 @pytest.fixture(scope="session")
 def bare_target() -> Path:
     """A Debian 12 root with python3, venv and pip and nothing of a checkout's
     (scripts/bare-target: debootstrap once, cached in .cache/bare). Root tests only."""
+    return _script_result("bare-target", timeout=1800)
+
+
+def _script_result(name: str, timeout: float) -> Path:
+    """Runs scripts/NAME (root tests only) and returns the path its last output line names."""
     if _root_reason() is not None:
         pytest.skip(_root_reason() or "")
     root = Path(__file__).resolve().parent.parent
     r = subprocess.run(
-        [str(root / "scripts" / "bare-target")], capture_output=True, text=True, timeout=1800
+        [str(root / "scripts" / name)], capture_output=True, text=True, timeout=timeout
     )
     if r.returncode != 0:
-        pytest.fail(f"scripts/bare-target failed: {r.stderr[-3000:]}")
+        pytest.fail(f"scripts/{name} failed: {r.stderr[-3000:]}")
     return Path(r.stdout.strip().splitlines()[-1])
 
 

@@ -27,6 +27,31 @@ def podman(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     )
 
 
+def run_detached(name: str, *args: str) -> None:
+    """``podman run -d --name NAME --network=none ARGS...`` (the tests' containers need no
+    network)."""
+    podman("run", "-d", "--name", name, "--network=none", *args)
+
+
+def create_oom_loop(name: str, restarts: int, image: str) -> None:
+    """A container (not started) whose dd asks for 100 MB under --memory=64m: OOM-killed at
+    each start, restarted by podman up to ``restarts`` times. ``image`` needs dd."""
+    podman(
+        "create",
+        "--name",
+        name,
+        "--network=none",
+        "--memory=64m",
+        f"--restart=on-failure:{restarts}",
+        image,
+        "dd",
+        "if=/dev/zero",
+        "of=/dev/null",
+        "bs=100M",
+        "count=1",
+    )
+
+
 @contextmanager
 def busybox_image(root: Path, image: str, applets: tuple[str, ...]) -> Iterator[None]:
     """Import ``image`` (a busybox rootfs with ``applets`` linked in /bin, built under the empty

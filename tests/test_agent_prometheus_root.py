@@ -17,7 +17,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.test_agent_root import HOG, AgentProc, free_port, until
+from tests.test_agent_root import AgentProc, free_port, until
 from tests.test_podman_root import (  # noqa: F401
     IMAGE,
     create_oom_loop,
@@ -26,6 +26,7 @@ from tests.test_podman_root import (  # noqa: F401
     podman_ready,
     state,
 )
+from tests.workloads import HOG, in_cgroup
 from tracer.sources.cgroupfs import CgroupLayout, ChildCgroup, own_memory_cgroup
 
 pytestmark = pytest.mark.root
@@ -118,10 +119,7 @@ def test_prometheus_scrapes_the_agents_oom_kills_and_restarts(
 
         cg_name = f"wr-prom-oom-{os.getpid()}"
         with ChildCgroup(own_memory_cgroup(layout=layout), cg_name, 64 * MiB, layout=layout) as cg:
-            procs = os.path.join(cg.abs_path, "cgroup.procs")
-            hog = subprocess.run(
-                ["sh", "-c", f'echo $$ > {procs} && exec "$@"', "sh", sys.executable, "-c", HOG]
-            )
+            hog = subprocess.run(in_cgroup(cg, sys.executable, "-c", HOG))
             assert hog.returncode == -signal.SIGKILL
 
         create_oom_loop(name, 1)

@@ -20,12 +20,12 @@ from pathlib import Path
 import orjson
 import pytest
 
+from tests.workloads import HOG, in_cgroup
 from tracer.sources.cgroupfs import CgroupLayout, ChildCgroup, own_memory_cgroup
 
 pytestmark = pytest.mark.root
 
 MiB = 1024 * 1024
-HOG = "chunks = []\nwhile True:\n    chunks.append(b'x' * (1 << 20))\n"
 WHYRESTART = [sys.executable, "-m", "tracer.cli"]
 
 
@@ -116,10 +116,7 @@ def test_an_oom_kill_reaches_metrics_history_and_an_incident(
         agent.wait_ready()
         name = f"wr-agent-oom-{os.getpid()}"
         with ChildCgroup(own_memory_cgroup(layout=layout), name, 64 * MiB, layout=layout) as cg:
-            procs = os.path.join(cg.abs_path, "cgroup.procs")
-            hog = subprocess.run(
-                ["sh", "-c", f'echo $$ > {procs} && exec "$@"', "sh", sys.executable, "-c", HOG]
-            )
+            hog = subprocess.run(in_cgroup(cg, sys.executable, "-c", HOG))
             assert hog.returncode == -signal.SIGKILL
             path = cg.path
         until(lambda: "whyrestart_oom_kills_total{" in agent.metrics())

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import html
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,8 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
+from tests.test_repro import repro_json
+from tests.workloads import HOG
 from tracer.analysis.quantities import fmt_bytes, fmt_duration
 from tracer.analysis.wording import memory_at_kill
 from tracer.cli import main
@@ -116,21 +117,13 @@ def test_the_stall_a_verdict_names_is_the_traces_own_record(tmp_path: Path) -> N
 
 # -- fresh recordings (root) --------------------------------------------------------------------
 
-HOG = "chunks = []\nwhile True:\n    chunks.append(b'x' * (1 << 20))\n"
-
 
 @pytest.mark.root
 def test_a_fresh_oom_and_its_repro_run_agree(tmp_path: Path) -> None:
     """A real OOM kill under reclaim, recorded by repro: its table and JSON say the same stall
     time and peak as explain, report, export and tail say of the run's trace."""
-    out = tmp_path / "runs"
-    r = CliRunner().invoke(
-        main,
-        ["repro", "--memory-max", "48M", "--out-dir", str(out), "--json", "--",
-         sys.executable, "-c", HOG],
-    )  # fmt: skip
-    assert r.exit_code == 0, r.stderr
-    [run] = orjson.loads(r.stdout)["runs"]
+    doc, _ = repro_json(tmp_path, "48M", HOG)
+    [run] = doc["runs"]
     assert run["outcome"] == "killed" and run["cause"] == "cgroup_oom"
     [v] = [v for v in check_agreement(run["trace"], tmp_path) if v["pid"] == run["verdict"]["pid"]]
     assert v["summary"] == run["verdict"]["summary"]

@@ -24,6 +24,7 @@ import pytest
 from tests.mt import build
 from tests.mt.program import the_program
 from tests.recording import record
+from tests.workloads import cache_churn, in_cgroup
 from tracer.analysis.findings import Verdict
 from tracer.events import Event, Exit, OomKill, Signal
 from tracer.record import Recorder, RecordResult, Targets
@@ -168,8 +169,7 @@ def test_classic_oom_rung_finds_the_process_of_a_worker_victim(
     with ChildCgroup(
         parent_cgroup, f"wr-test-mtoomtp-{os.getpid()}", 64 * MiB, layout=layout
     ) as cg:
-        procs = os.path.join(cg.abs_path, "cgroup.procs")
-        argv = ["sh", "-c", f'echo $$ > {procs} && exec "$@"', "sh", str(mtwork), "oom", "5"]
+        argv = in_cgroup(cg, str(mtwork), "oom", "5")
         rungs, events = probe_events(argv, CLASSIC, memcg_v1=layout.memory_version == 1)
     assert rungs["oom"] == "tracepoint"
     [ex] = [e for e in events if isinstance(e, Exit) and e.comm == "mtwork"]
@@ -218,8 +218,7 @@ def test_a_multithreaded_process_oom_killed_in_a_worker_is_one_cgroup_oom(
     tmp_path: Path, mtwork: Path, parent_cgroup: str, layout: CgroupLayout
 ) -> None:
     with ChildCgroup(parent_cgroup, f"wr-test-mtoom-{os.getpid()}", 64 * MiB, layout=layout) as cg:
-        procs = os.path.join(cg.abs_path, "cgroup.procs")
-        argv = ["sh", "-c", f'echo $$ > {procs} && exec "$@"', "sh", str(mtwork), "oom", "5"]
+        argv = in_cgroup(cg, str(mtwork), "oom", "5")
         res = record(tmp_path, argv)
         path = cg.path
     v, ex = one_verdict(res)
@@ -302,9 +301,7 @@ def test_an_oom_bound_by_memory_plus_swap_is_a_cgroup_oom(
     limit = 256 * MiB
     with ChildCgroup(parent_cgroup, f"wr-test-memsw-{os.getpid()}", limit, layout=layout) as cg:
         Path(cg.abs_path, "memory.memsw.limit_in_bytes").write_text(str(limit))
-        procs = os.path.join(cg.abs_path, "cgroup.procs")
-        argv = ["sh", "-c", f'echo $$ > {procs} && exec "$@"', "sh", sys.executable]
-        res = record(tmp_path, [*argv, "-c", SWAPPED_HOG])
+        res = record(tmp_path, in_cgroup(cg, sys.executable, "-c", SWAPPED_HOG))
         path = cg.path
     [oom] = [e for e in read_trace(res.path or "").events if isinstance(e, OomKill)]
     assert (oom.memcg, oom.limit_bytes) == (True, limit)
@@ -441,19 +438,7 @@ def test_a_full_watched_cgroup_table_is_counted_not_fatal(
 
 # -- reclaim summaries lose no stall -------------------------------------------------------------
 
-# Page cache of its own beyond the limit, read back twice: reclaim stalls, no OOM.
-CACHE_CHURN = """
-import os, sys
-path = sys.argv[1]
-with open(path, "wb") as f:
-    for _ in range(96):
-        f.write(os.urandom(1 << 20))
-for _ in range(3):
-    with open(path, "rb") as f:
-        while f.read(1 << 20):
-            pass
-os.unlink(path)
-"""
+CACHE_CHURN = cache_churn(3)
 
 
 def test_every_stall_is_counted_once_in_the_summaries(
@@ -469,11 +454,9 @@ def test_every_stall_is_counted_once_in_the_summaries(
         with ChildCgroup(
             parent_cgroup, f"wr-test-churn-{os.getpid()}", 32 * MiB, layout=layout
         ) as cg:
-            procs = os.path.join(cg.abs_path, "cgroup.procs")
-            argv = ["sh", "-c", f'echo $$ > {procs} && exec "$@"', "sh", sys.executable]
             res = Recorder(
                 str(tmp_path / "churn.trace"),
-                Targets(command=[*argv, "-c", CACHE_CHURN, str(scratch)]),
+                Targets(command=in_cgroup(cg, sys.executable, "-c", CACHE_CHURN, str(scratch))),
                 duration=120,
                 stall_threshold_ns=0,
             ).run()

@@ -29,6 +29,16 @@ pytestmark = pytest.mark.skipif(LIBCUDA_DIR is None, reason=build.why_no_real_li
 
 MiB = 1 << 20
 T = TypeVar("T", bound=Event)
+needs_gcc = pytest.mark.skipif(build.gcc() is None, reason="no C compiler (gcc)")
+
+
+@pytest.fixture
+def cudart() -> Path:
+    """The directory of PyPI's libcudart.so.12 (the dev extra)."""
+    found = build.cudart_dir()
+    if found is None:
+        pytest.skip("nvidia-cuda-runtime-cu12 is not installed (the dev extra): run scripts/setup")
+    return found
 
 
 def real_libcuda() -> Path:
@@ -74,11 +84,10 @@ def check_library(events: list[Event], pid: int) -> None:
 
 
 @pytest.mark.root
+@needs_gcc
 def test_a_driver_program_s_failing_calls_are_caught_with_their_codes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if build.gcc() is None:
-        pytest.skip("no C compiler (gcc)")
     assert LIBCUDA_DIR is not None
     program = build.driver_api(tmp_path, LIBCUDA_DIR)
     res, events = record(tmp_path, monkeypatch, program, str(LIBCUDA_DIR))
@@ -110,14 +119,10 @@ def test_a_driver_program_s_failing_calls_are_caught_with_their_codes(
 
 
 @pytest.mark.root
+@needs_gcc
 def test_the_real_cuda_runtime_reaching_the_real_driver_is_caught(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cudart: Path
 ) -> None:
-    if build.gcc() is None:
-        pytest.skip("no C compiler (gcc)")
-    cudart = build.cudart_dir()
-    if cudart is None:
-        pytest.skip("nvidia-cuda-runtime-cu12 is not installed (the dev extra): run scripts/setup")
     assert LIBCUDA_DIR is not None
     program = build.runtime_api(tmp_path, cudart)
     # libcudart dlopens libcuda.so.1 by name: the loader finds the real one here
@@ -137,11 +142,8 @@ def test_the_real_cuda_runtime_reaching_the_real_driver_is_caught(
     assert any("cuInit returned CUDA_ERROR_NO_DEVICE (100)" in text for _, text in v.evidence)
 
 
-def test_libcuda_lists_match_the_real_header() -> None:
+def test_libcuda_lists_match_the_real_header(cudart: Path) -> None:
     """The CUresult names are cuda.h's (the runtime wheel ships the driver's header)."""
-    cudart = build.cudart_dir()
-    if cudart is None:
-        pytest.skip("nvidia-cuda-runtime-cu12 is not installed (the dev extra): run scripts/setup")
     import re
 
     from tracer.gpu import curesult

@@ -94,6 +94,17 @@ def record(
     return res, list(read_trace(res.path).events)
 
 
+def started(bins: Bins, mode: str, go: Path, budget: int) -> subprocess.Popen[bytes]:
+    """The workload started outside the recorder, waiting for the file ``go`` to appear."""
+    env = {
+        **os.environ,
+        "WR_LIBCUDA": str(bins.libcuda),
+        "WR_GO_FILE": str(go),
+        "FAKE_CUDA_BUDGET_BYTES": str(budget),
+    }
+    return subprocess.Popen([str(bins.workload), mode], env=env)
+
+
 def of(kind: type[Event], events: list[Event]) -> list[Event]:
     return [e for e in events if isinstance(e, kind)]
 
@@ -217,15 +228,7 @@ def test_an_unwatched_process_using_the_same_library_is_filtered_in_the_kernel(
     tmp_path: Path, bins: Bins, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     go2 = tmp_path / "go-stranger"
-    stranger = subprocess.Popen(
-        [str(bins.workload), "exit1"],
-        env={
-            **os.environ,
-            "WR_LIBCUDA": str(bins.libcuda),
-            "WR_GO_FILE": str(go2),
-            "FAKE_CUDA_BUDGET_BYTES": str(MiB),
-        },
-    )
+    stranger = started(bins, "exit1", go2, MiB)
     try:
         res, events = record(tmp_path, bins, monkeypatch, "exit1", MiB, extra_go=(go2,))
     finally:
@@ -241,16 +244,7 @@ def test_an_unwatched_process_using_the_same_library_is_filtered_in_the_kernel(
 def test_a_process_already_running_is_probed_when_watched_by_pid(
     tmp_path: Path, bins: Bins, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    go = tmp_path / "go"
-    proc = subprocess.Popen(
-        [str(bins.workload), "exit1"],
-        env={
-            **os.environ,
-            "WR_LIBCUDA": str(bins.libcuda),
-            "WR_GO_FILE": str(go),
-            "FAKE_CUDA_BUDGET_BYTES": str(MiB),
-        },
-    )
+    proc = started(bins, "exit1", tmp_path / "go", MiB)
     try:
         res, events = record(
             tmp_path, bins, monkeypatch, "exit1", MiB, targets=Targets(pids=[proc.pid])

@@ -6,6 +6,7 @@ kernel; the root tier (test_gpu_root.py) runs the same object for real."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -41,10 +42,11 @@ class Clock:
         return self.now
 
 
-@pytest.fixture
-def side(proc: Path) -> Iterator[GpuSide]:
+@contextmanager
+def gpu_side(proc: Path, filter_all: bool) -> Iterator[GpuSide]:
+    """A GpuSide over the fixture /proc, without its BPF object (no uprobes), closed after."""
     s = GpuSide(
-        filter_all=False,
+        filter_all=filter_all,
         memcg_v1=True,
         object_path="/nonexistent/gpu.bpf.o",
         attach_host=False,
@@ -55,6 +57,12 @@ def side(proc: Path) -> Iterator[GpuSide]:
         yield s
     finally:
         s.close()
+
+
+@pytest.fixture
+def side(proc: Path) -> Iterator[GpuSide]:
+    with gpu_side(proc, filter_all=False) as s:
+        yield s
 
 
 def libs(events: list[object]) -> list[GpuLibrary]:
@@ -101,19 +109,9 @@ def test_forks_and_execs_are_followed_and_exits_forgotten(side: GpuSide, proc: P
 
 
 def test_under_all_every_process_of_proc_is_looked_at_once(proc: Path) -> None:
-    s = GpuSide(
-        filter_all=True,
-        memcg_v1=True,
-        object_path="/nonexistent/gpu.bpf.o",
-        attach_host=False,
-        proc=str(proc),
-        clock=Clock(),
-    )
-    try:
+    with gpu_side(proc, filter_all=True) as s:
         assert [lib.pid for lib in libs(s.poll(t(100)))] == [100]
         assert libs(s.poll(t(105))) == []
-    finally:
-        s.close()
 
 
 def test_second_looks_are_bounded_and_take_turns(

@@ -32,7 +32,8 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.test_agent_root import HOG, free_port, until
+from tests.test_agent_root import free_port, until
+from tests.workloads import HOG, in_cgroup
 from tracer.sources.cgroupfs import CgroupLayout, ChildCgroup, own_memory_cgroup
 
 pytestmark = pytest.mark.root
@@ -261,10 +262,7 @@ def test_the_agent_in_the_image_as_the_daemonset_runs_it_serves_a_host_oom_kill(
         until(ready, timeout=120)
         assert _metrics(port) is not None
         with ChildCgroup(own_memory_cgroup(layout=layout), cgroup, 64 * MiB, layout=layout) as cg:
-            procs = os.path.join(cg.abs_path, "cgroup.procs")
-            hog = subprocess.Popen(
-                ["sh", "-c", f'echo $$ > {procs} && exec "$@"', "sh", sys.executable, "-c", HOG]
-            )
+            hog = subprocess.Popen(in_cgroup(cg, sys.executable, "-c", HOG))
             assert hog.wait(timeout=120) == -signal.SIGKILL
         none = {"namespace": "", "pod": "", "container": ""}
         series = {"unit": unit, **none, "limit_scope": "own"}

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from tests import podmanimg
 from tests.mt.program import the_program
-from tests.podmanimg import busybox_image, podman
+from tests.podmanimg import busybox_image, podman, run_detached
 from tests.recording import record_while, wait_for
 from tracer.events import OomKill, ProbeSample
 from tracer.record import Recorder, Targets
@@ -54,22 +55,8 @@ def state(name: str) -> tuple[str, int, str]:
 
 
 def create_oom_loop(name: str, restarts: int) -> None:
-    """A container (not started) whose dd asks for 100 MB under --memory=64m: OOM-killed at
-    each start, restarted by podman up to ``restarts`` times."""
-    podman(
-        "create",
-        "--name",
-        name,
-        "--network=none",
-        "--memory=64m",
-        f"--restart=on-failure:{restarts}",
-        IMAGE,
-        "dd",
-        "if=/dev/zero",
-        "of=/dev/null",
-        "bs=100M",
-        "count=1",
-    )
+    """podmanimg.create_oom_loop in this file's image."""
+    podmanimg.create_oom_loop(name, restarts, IMAGE)
 
 
 def test_oom_restarts_are_linked_and_agree_with_podman(tmp_path: Path, name: str) -> None:
@@ -124,12 +111,8 @@ def test_a_multithreaded_main_process_oom_killed_in_a_worker_is_one_cgroup_oom(
 def test_a_failing_health_check_with_kill_on_failure_is_a_probe_kill(
     tmp_path: Path, name: str
 ) -> None:
-    podman(
-        "run",
-        "-d",
-        "--name",
+    run_detached(
         name,
-        "--network=none",
         "--health-cmd",
         "cat /tmp/ok",
         "--health-retries",
@@ -163,12 +146,8 @@ def test_a_failing_health_check_with_kill_on_failure_is_a_probe_kill(
 
 def test_podman_stop_is_a_signal_kill_by_the_runtime(tmp_path: Path, name: str) -> None:
     # sh as PID 1 of the container ignores SIGTERM: podman stop has to SIGKILL after the grace
-    podman(
-        "run",
-        "-d",
-        "--name",
+    run_detached(
         name,
-        "--network=none",
         "--stop-timeout",
         "2",
         IMAGE,

@@ -12,7 +12,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,9 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
-from tests.podmanimg import busybox_image, podman
+from tests.podmanimg import busybox_image, create_oom_loop, podman, run_detached
+from tests.recording import wait_for
+from tests.workloads import HOG, in_cgroup
 from tracer.cli import main
 from tracer.sources.cgroupfs import CgroupLayout, ChildCgroup, own_memory_cgroup
 
@@ -28,7 +30,6 @@ pytestmark = pytest.mark.root
 
 IMAGE = f"localhost/whyrestart-pm-busybox:{os.getpid()}"
 MiB = 1 << 20
-HOG = "chunks = []\nwhile True:\n    chunks.append(b'x' * (1 << 20))\n"
 
 
 @pytest.fixture(scope="module")
@@ -45,15 +46,6 @@ def name() -> Iterator[str]:
     podman("rm", "-f", "-t", "0", n, check=False)
 
 
-def wait_for(pred: Callable[[], bool], seconds: float = 60) -> None:
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        if pred():
-            return
-        time.sleep(0.2)
-    raise AssertionError("condition not reached")
-
-
 def state(name: str) -> tuple[str, int]:
     st, count = podman("inspect", "-f", "{{.State.Status}} {{.RestartCount}}", name).stdout.split()
     return st, int(count)
@@ -67,11 +59,8 @@ def postmortem(*args: str) -> dict[str, Any]:
 
 
 def test_oom_killed_container_restarted_by_its_policy(image: str, name: str) -> None:
-    podman(
-        "run", "-d", "--name", name, "--network=none", "--memory=64m",
-        "--restart=on-failure:2", image, "dd", "if=/dev/zero", "of=/dev/null", "bs=100M",
-        "count=1",
-    )  # fmt: skip
+    create_oom_loop(name, 2, image)
+    podman("start", name)
     wait_for(lambda: state(name) == ("exited", 2))
     time.sleep(1.0)  # podman shows "exited" between restarts too: make sure it stays
     assert state(name) == ("exited", 2)
@@ -106,7 +95,7 @@ def test_container_exit_42_is_app_exit(image: str, name: str) -> None:
 
 
 def test_podman_kill_is_not_a_memory_verdict(image: str, name: str) -> None:
-    podman("run", "-d", "--name", name, "--network=none", "--memory=64m", image, "sleep", "600")
+    run_detached(name, "--memory=64m", image, "sleep", "600")
     podman("kill", name)  # SIGKILL: exit 137, like an OOM kill to a runtime's eye
     wait_for(lambda: state(name)[0] == "exited")
     doc = postmortem("--container", name)
@@ -123,12 +112,7 @@ def test_plain_child_cgroup_hog(tmp_path: Path) -> None:
         pytest.skip("no memory cgroup controller mounted")
     parent = own_memory_cgroup(layout=layout)
     with ChildCgroup(parent, f"wr-pm-hog-{os.getpid()}", 64 * MiB, layout=layout) as cg:
-        procs = os.path.join(cg.abs_path, "cgroup.procs")
-        hog = subprocess.run(
-            ["sh", "-c", f'echo $$ > {procs} && exec "$@"', "sh", sys.executable, "-c", HOG],
-            timeout=60,
-            check=False,
-        )
+        hog = subprocess.run(in_cgroup(cg, sys.executable, "-c", HOG), timeout=60, check=False)
         assert hog.returncode == -9  # OOM-killed, with nothing of ours running
         doc = postmortem("--cgroup", cg.path)
         bad = CliRunner().invoke(main, ["postmortem", "--cgroup", cg.path + "-nope"])

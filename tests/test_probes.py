@@ -11,13 +11,13 @@ import http.server
 import itertools
 import os
 import socket
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.serving import serving
 from tracer.errors import UsageError
 from tracer.sources.probes import (
     Prober,
@@ -67,12 +67,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def server() -> Iterator[_Server]:
     srv = _Server(("127.0.0.1", 0), _Handler)
-    t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    t.start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
-    t.join(5)
+    with serving(srv):
+        yield srv
 
 
 def _url(srv: _Server, path: str = "/healthz") -> str:

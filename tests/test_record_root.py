@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.recording import record
+from tests.workloads import HOG, cache_churn, in_cgroup
 from tracer.events import Exec, Exit, KmsgOom, OomKill, Signal
 from tracer.record import Recorder, RecordResult, Targets
 from tracer.sources.cgroupfs import CgroupLayout, ChildCgroup
@@ -23,13 +24,6 @@ from tracer.trace.reader import read_trace
 pytestmark = pytest.mark.root
 
 MiB = 1024 * 1024
-HOG = "chunks = []\nwhile True:\n    chunks.append(b'x' * (1 << 20))\n"
-
-
-def in_cgroup(cg: ChildCgroup, *argv: str) -> list[str]:
-    """A command line that moves itself into the cgroup, then execs argv."""
-    procs = os.path.join(cg.abs_path, "cgroup.procs")
-    return ["sh", "-c", f'echo $$ > {procs} && exec "$@"', "sh", *argv]
 
 
 def events_of(path: str) -> list[object]:
@@ -205,33 +199,18 @@ def test_live_equals_replay(tmp_path: Path, parent_cgroup: str) -> None:
     assert '"cause": "cgroup_oom"' in live_json.stdout
 
 
-RECLAIM_HOG = """
-import os
 # page cache of our own beyond the limit (reclaimable: the kernel reclaims and stalls us),
 # then anonymous memory until the OOM kill
-path = os.environ["WR_SCRATCH"]
-with open(path, "wb") as f:
-    for _ in range(96):
-        f.write(os.urandom(1 << 20))
-for _ in range(2):
-    with open(path, "rb") as f:
-        while f.read(1 << 20):
-            pass
-os.unlink(path)
-chunks = []
-while True:
-    chunks.append(b"x" * (1 << 20))
-"""
+RECLAIM_HOG = cache_churn(2) + HOG
 
 
 def test_pressure_then_oom_in_one_trace_in_time_order(
-    tmp_path: Path, parent_cgroup: str, layout: CgroupLayout, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, parent_cgroup: str, layout: CgroupLayout
 ) -> None:
     from tracer.events import CgroupSample, EffectiveLimit, ReclaimSummary
 
     # scratch on disk (not tmpfs) so that its page cache is reclaimable
     scratch = Path("/var/tmp") / f"wr-test-scratch-{os.getpid()}"
-    monkeypatch.setenv("WR_SCRATCH", str(scratch))
     try:
         with (
             ChildCgroup(
@@ -239,7 +218,9 @@ def test_pressure_then_oom_in_one_trace_in_time_order(
             ) as outer,
             ChildCgroup(outer.path, "svc", 512 * MiB, layout=layout) as inner,
         ):
-            res = record(tmp_path, in_cgroup(inner, sys.executable, "-c", RECLAIM_HOG))
+            res = record(
+                tmp_path, in_cgroup(inner, sys.executable, "-c", RECLAIM_HOG, str(scratch))
+            )
             inner_path, outer_path = inner.path, outer.path
     finally:
         scratch.unlink(missing_ok=True)

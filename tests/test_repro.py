@@ -287,16 +287,23 @@ def test_memory_max_experiment(tmp_path: Path) -> None:
     assert comparison.to_json()["smallest_surviving"]["setting"] == "256M"
 
 
-@pytest.mark.root
-def test_cli_json(tmp_path: Path) -> None:
+def repro_json(tmp_path: Path, memory_max: str, script: str) -> tuple[dict[str, Any], str]:
+    """``repro --memory-max MEMORY_MAX --json -- python -c SCRIPT`` (root): its JSON document
+    and its standard error."""
     out = tmp_path / "runs"
     r = CliRunner().invoke(
         main,
-        ["repro", "--memory-max", "48M,256M", "--out-dir", str(out), "--json", "--",
-         sys.executable, "-c", HOG],
+        ["repro", "--memory-max", memory_max, "--out-dir", str(out), "--json", "--",
+         sys.executable, "-c", script],
     )  # fmt: skip
     assert r.exit_code == 0, r.stderr
-    doc = orjson.loads(r.stdout)  # the workload's own output went to stderr, not into the JSON
+    return orjson.loads(r.stdout), r.stderr
+
+
+@pytest.mark.root
+def test_cli_json(tmp_path: Path) -> None:
+    # the workload's own output goes to stderr, not into the JSON
+    doc, stderr = repro_json(tmp_path, "48M,256M", HOG)
     assert doc["schema"] == 1 and doc["cgroup_version"] in (1, 2)
     assert [(x["setting"], x["outcome"], x["cause"]) for x in doc["runs"]] == [
         ("48M", "killed", "cgroup_oom"),
@@ -304,7 +311,7 @@ def test_cli_json(tmp_path: Path) -> None:
     ]
     assert doc["smallest_surviving"]["setting"] == "256M"
     assert 0 < doc["smallest_surviving"]["headroom_pct"] < 100
-    assert "repro: run 2/2" in r.stderr
+    assert "repro: run 2/2" in stderr
 
 
 @pytest.mark.root

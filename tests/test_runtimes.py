@@ -38,6 +38,7 @@ from typing import Any
 
 import pytest
 
+from tests.serving import serving
 from tracer.analysis.units import unit_of_cgroup
 from tracer.parse.cgroup import memory_path
 from tracer.parse.systemd import parse_systemctl_show
@@ -341,12 +342,8 @@ def fake_docker() -> Iterator[_UnixHTTPServer]:
     d = tempfile.mkdtemp(prefix="wr-dock-")
     srv = _UnixHTTPServer(os.path.join(d, "docker.sock"), _UnixHandler)
     srv.routes, srv.paths = {}, []
-    t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    t.start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
-    t.join(5)
+    with serving(srv):
+        yield srv
     shutil.rmtree(d, ignore_errors=True)
 
 

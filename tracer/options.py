@@ -4,7 +4,7 @@ with exit code 2 and a message that names the option (click's "Invalid value for
 
 This module owns the rules for option values: durations (`DURATION`), health probes
 (`PROBE`), repro's value lists (`SettingList`), memory cgroup paths (`CGROUP`), output files
-(`OutputFile`) and output directories (`OUTPUT_DIR`). A path is checked for what can be known
+(`OUTPUT_FILE`) and output directories (`OUTPUT_DIR`). A path is checked for what can be known
 before writing (its directory exists and is a directory, it is not a directory, a device, a
 FIFO or a socket); what only the write can tell (a file system that makes no files, like /proc)
 is an `OutputError` (exit 7) naming the path when the write fails.
@@ -16,7 +16,7 @@ import os
 import posixpath
 import stat
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
@@ -31,8 +31,17 @@ _KINDS = {
 }
 
 
-def _fail(param_type: click.ParamType[Any], exc: UsageError, param: Any, ctx: Any) -> None:
-    param_type.fail(str(exc), param, ctx)
+T = TypeVar("T")
+
+
+def _parsed(
+    param_type: click.ParamType[Any], parse: Callable[[str], T], value: Any, param: Any, ctx: Any
+) -> T:
+    """``parse(value)``; its `UsageError` becomes click's usage error naming the option."""
+    try:
+        return parse(str(value))
+    except UsageError as exc:
+        param_type.fail(str(exc), param, ctx)
 
 
 class _Duration(click.ParamType[float]):
@@ -46,11 +55,7 @@ class _Duration(click.ParamType[float]):
             return value
         from tracer.sources.probes import parse_duration
 
-        try:
-            return parse_duration(str(value))
-        except UsageError as exc:
-            _fail(self, exc, param, ctx)
-            raise AssertionError("unreachable") from None
+        return _parsed(self, parse_duration, value, param, ctx)
 
 
 class _Probe(click.ParamType[Any]):
@@ -61,10 +66,7 @@ class _Probe(click.ParamType[Any]):
 
         if isinstance(value, ProbeSpec):
             return value
-        try:
-            return parse_probe(str(value))
-        except UsageError as exc:
-            _fail(self, exc, param, ctx)
+        return _parsed(self, parse_probe, value, param, ctx)
 
 
 class Checked(click.ParamType[str]):
@@ -76,30 +78,22 @@ class Checked(click.ParamType[str]):
         self.parser = parser
 
     def convert(self, value: Any, param: Any, ctx: Any) -> str:
-        try:
-            self.parser(str(value))
-        except UsageError as exc:
-            _fail(self, exc, param, ctx)
+        _parsed(self, self.parser, value, param, ctx)
         return str(value)
 
 
-class SettingList(click.ParamType[str]):
+class SettingList(Checked):
     """A repro value list (``32M,256M``; one value for a setting held fixed), checked with
     repro's own parser; the text is passed on as written."""
 
-    name = "values"
-
     def __init__(self, kind: str) -> None:
-        self.kind = kind
+        super().__init__("values", lambda text: _parse_settings(kind, text))
 
-    def convert(self, value: Any, param: Any, ctx: Any) -> str:
-        from tracer.repro import parse_settings
 
-        try:
-            parse_settings(self.kind, str(value))
-        except UsageError as exc:
-            _fail(self, exc, param, ctx)
-        return str(value)
+def _parse_settings(kind: str, text: str) -> object:
+    from tracer.repro import parse_settings
+
+    return parse_settings(kind, text)
 
 
 def normalise_cgroup(text: str, memory_root: str | None) -> str:
@@ -133,11 +127,8 @@ class _Cgroup(click.ParamType[str]):
     def convert(self, value: Any, param: Any, ctx: Any) -> str:
         from tracer.sources.cgroupfs import CgroupLayout
 
-        try:
-            return normalise_cgroup(str(value), CgroupLayout.from_system().memory_root)
-        except UsageError as exc:
-            _fail(self, exc, param, ctx)
-            raise AssertionError("unreachable") from None
+        memory_root = CgroupLayout.from_system().memory_root
+        return _parsed(self, lambda text: normalise_cgroup(text, memory_root), value, param, ctx)
 
 
 def check_output_file(path: str, *, overwrite: bool = True, force_option: str = "") -> None:
@@ -196,19 +187,6 @@ def check_not_input(output: str, trace: str) -> None:
         )
 
 
-class OutputFile(click.ParamType[str]):
-    """A file to write: its directory must exist; an existing path must be a regular file."""
-
-    name = "file"
-
-    def convert(self, value: Any, param: Any, ctx: Any) -> str:
-        try:
-            check_output_file(str(value))
-        except UsageError as exc:
-            _fail(self, exc, param, ctx)
-        return str(value)
-
-
 def check_output_dir(path: str) -> None:
     """A directory to create (or reuse): its parent must exist; an existing path must be a
     directory (its contents are checked by the command that fills it)."""
@@ -233,22 +211,13 @@ def check_output_dir(path: str) -> None:
         )
 
 
-class _OutputDir(click.ParamType[str]):
-    name = "directory"
-
-    def convert(self, value: Any, param: Any, ctx: Any) -> str:
-        try:
-            check_output_dir(str(value))
-        except UsageError as exc:
-            _fail(self, exc, param, ctx)
-        return str(value)
-
-
 DURATION = _Duration()
 PROBE = _Probe()
 CGROUP = _Cgroup()
-OUTPUT_FILE = OutputFile()
-OUTPUT_DIR = _OutputDir()
+# A file to write: its directory must exist; an existing path must be a regular file.
+OUTPUT_FILE = Checked("file", check_output_file)
+# A directory to create or reuse: its parent must exist; an existing path is a directory.
+OUTPUT_DIR = Checked("directory", check_output_dir)
 
 
 class _Trace(click.ParamType[str]):

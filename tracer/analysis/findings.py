@@ -26,7 +26,21 @@ DEVICE_RESET = "device_reset"
 APP_EXIT = "app_exit"
 UNKNOWN = "unknown"
 
+# Every cause, in the order the JSON schema (tracer/outputs/schema.py) and the docs list them.
+CAUSES = (
+    CGROUP_OOM,
+    GLOBAL_OOM,
+    GPU_OOM,
+    PROBE_KILL,
+    USERSPACE_OOM,
+    SIGNAL_KILL,
+    DEVICE_RESET,
+    APP_EXIT,
+    UNKNOWN,
+)
+
 HIGH, MEDIUM, LOW = "high", "medium", "low"
+CONFIDENCES = (HIGH, MEDIUM, LOW)
 
 Evidence_ = tuple[int, str]  # (timestamp of the event, what it says)
 

@@ -49,6 +49,7 @@ ROLE_KUBELET = "kubelet"
 ROLE_SELF = "self"
 ROLE_KERNEL = "kernel"
 ROLE_OTHER = "other"
+ROLES = (ROLE_OOM_DAEMON, ROLE_SUPERVISOR, ROLE_KUBELET, ROLE_SELF, ROLE_KERNEL, ROLE_OTHER)
 
 # how a sender was recognised, strongest first
 BY_EXECUTABLE = "executable"

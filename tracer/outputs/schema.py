@@ -8,41 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tracer.analysis.findings import (
-    APP_EXIT,
-    CGROUP_OOM,
-    DEVICE_RESET,
-    GLOBAL_OOM,
-    GPU_OOM,
-    HIGH,
-    LOW,
-    MEDIUM,
-    PROBE_KILL,
-    SIGNAL_KILL,
-    UNKNOWN,
-    USERSPACE_OOM,
-)
-from tracer.analysis.senders import (
-    ROLE_KERNEL,
-    ROLE_KUBELET,
-    ROLE_OOM_DAEMON,
-    ROLE_OTHER,
-    ROLE_SELF,
-    ROLE_SUPERVISOR,
-)
-
-CAUSES = (
-    CGROUP_OOM,
-    GLOBAL_OOM,
-    GPU_OOM,
-    PROBE_KILL,
-    USERSPACE_OOM,
-    SIGNAL_KILL,
-    DEVICE_RESET,
-    APP_EXIT,
-    UNKNOWN,
-)
-ROLES = (ROLE_OOM_DAEMON, ROLE_SUPERVISOR, ROLE_KUBELET, ROLE_SELF, ROLE_KERNEL, ROLE_OTHER)
+from tracer.analysis.findings import CAUSES, CONFIDENCES
+from tracer.analysis.senders import ROLES
 
 _INT = {"type": "integer"}
 _STR = {"type": "string"}
@@ -59,7 +26,7 @@ VERDICT: dict[str, Any] = {
         "pid": _INT,
         "comm": _STR,  # exact, as the process named itself (text outputs escape it)
         "cause": {"enum": list(CAUSES)},
-        "confidence": {"enum": [HIGH, MEDIUM, LOW]},
+        "confidence": {"enum": list(CONFIDENCES)},
         "summary": _STR,
         "advice": _STR,
         "evidence": {
