@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -123,6 +124,42 @@ def test_doctor_from_the_wheel_with_no_system_libbpf(wheel_venv: Path, tmp_path:
             assert visible[name]["ok"] == check["ok"], name
         else:
             assert visible[name] == check, name
+
+
+def test_pipx_install_as_the_readme_says(production_wheel: Path, tmp_path: Path) -> None:
+    """The README's pipx route, from the directory holding the wheel: `PIPX_HOME=...
+    PIPX_BIN_DIR=... pipx install ./WHEEL` (its /opt/pipx and /usr/local/bin are directories of
+    this test's own here: the host is shared), then doctor from the linked command passes with
+    the bundled libbpf."""
+    pipx = shutil.which("pipx")
+    if pipx is None:
+        pytest.fail("pipx is not installed (scripts/setup installs it)")
+    home, bin_dir = tmp_path / "pipx", tmp_path / "bin"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.pop("WHYRESTART_BPF_OBJECT", None)
+    env.pop("WHYRESTART_GPU_BPF_OBJECT", None)
+    env.update(PIPX_HOME=str(home), PIPX_BIN_DIR=str(bin_dir))
+    r = subprocess.run(
+        [pipx, "install", f"./{production_wheel.name}"],
+        capture_output=True,
+        text=True,
+        cwd=production_wheel.parent,
+        env=env,
+        timeout=900,
+    )
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    r = subprocess.run(
+        [str(bin_dir / "whyrestart"), "doctor", "--json"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=300,
+    )
+    doc = json.loads(r.stdout)
+    assert r.returncode == 0 and doc["ok"] is True, [c for c in doc["checks"] if not c["ok"]]
+    libbpf = next(c for c in doc["checks"] if c["name"] == "libbpf")
+    assert f", bundled ({home}/venvs/whyrestart/" in libbpf["detail"], libbpf
 
 
 # -- bad input: the same messages from the wheel as from a checkout --------------------------------
