@@ -16,6 +16,8 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -265,13 +267,19 @@ def test_exit_from_a_worker_is_the_programs_exit_code(tmp_path: Path, mtwork: Pa
 
 # -- OOM scope on the walk rungs ---------------------------------------------------------------
 
-# 96 MiB pushed out to swap (MADV_PAGEOUT, 5.4+), then anonymous memory until the OOM kill: the
-# memory+swap counter reaches its limit while memory usage is ~96 MiB under memory's.
+# 96 MiB pushed out to swap (MADV_PAGEOUT, 5.4+; private: shared anonymous memory is shmem,
+# whose swap VmSwap does not show), never touched again, then anonymous memory until the OOM
+# kill: the memory+swap counter reaches its limit while memory usage is ~96 MiB under memory's.
+# Writes its VmSwap (kB) after the pageout to argv[1].
 SWAPPED_HOG = """
-import mmap
-m = mmap.mmap(-1, 96 << 20)
+import mmap, re, sys
+m = mmap.mmap(-1, 96 << 20, flags=mmap.MAP_PRIVATE)
 m.write(b"x" * (96 << 20))
-m.madvise(mmap.MADV_PAGEOUT)
+m.madvise(getattr(mmap, "MADV_PAGEOUT", 21))  # (21 in linux/mman.h; Python may lack the name)
+with open("/proc/self/status") as f:
+    swapped = re.search(r"VmSwap:\\s+(\\d+)", f.read()).group(1)
+with open(sys.argv[1], "w") as f:
+    f.write(swapped)
 chunks = []
 while True:
     chunks.append(b"x" * (1 << 20))
@@ -286,6 +294,45 @@ def swap_total_kb() -> int:
     return 0
 
 
+CACHE = Path(__file__).resolve().parent.parent / ".cache"  # git-ignored
+
+
+@contextmanager
+def swap_file(size: int) -> Iterator[None]:
+    """A swap file of ``size`` bytes in the checkout's .cache, swapped on only while the block
+    runs, then off and removed. Swap is the whole machine's (other tests' cgroups may page out
+    to it meanwhile): keep it small and short. Skips, with swapon's words, where it is refused
+    (a container without CAP_SYS_ADMIN, a file system that cannot hold swap)."""
+    CACHE.mkdir(exist_ok=True)
+    path = CACHE / f"swap-{os.getpid()}"
+    try:
+        with open(path, "wb") as f:
+            os.posix_fallocate(f.fileno(), 0, size)
+        path.chmod(0o600)
+        subprocess.run(["mkswap", str(path)], check=True, capture_output=True)
+        on = subprocess.run(["swapon", str(path)], capture_output=True, text=True)
+        if on.returncode != 0:
+            pytest.skip(
+                "no swap on this machine, and swapon refused a swap file in .cache "
+                f"({on.stderr.strip()}): memory.memsw.limit_in_bytes cannot bind before "
+                "memory.limit_in_bytes without swap"
+            )
+        try:
+            yield
+        finally:
+            # right after the OOM kill, swapoff may find pages still being freed and fail
+            # (ENOMEM, seen once in 3 runs): the next try, a moment later, succeeds
+            for _ in range(50):
+                off = subprocess.run(["swapoff", str(path)], capture_output=True, text=True)
+                if off.returncode == 0:
+                    break
+                time.sleep(0.2)
+            else:
+                raise AssertionError(f"swapoff {path} failed: {off.stderr.strip()}")
+    finally:
+        path.unlink(missing_ok=True)
+
+
 def test_an_oom_bound_by_memory_plus_swap_is_a_cgroup_oom(
     tmp_path: Path, parent_cgroup: str, layout: CgroupLayout
 ) -> None:
@@ -293,16 +340,20 @@ def test_an_oom_bound_by_memory_plus_swap_is_a_cgroup_oom(
         pytest.skip("memory.memsw.* is cgroup v1's (v2 has memory.swap.max, which never OOMs)")
     if not os.path.exists(os.path.join(layout.memory_root, "memory.memsw.limit_in_bytes")):
         pytest.skip("no swap accounting: memory.memsw.* absent (swapaccount=0)")
-    if swap_total_kb() == 0:
-        pytest.skip(
-            "no swap on this machine: memory+swap usage equals memory usage, so "
-            "memory.memsw.limit_in_bytes cannot bind before memory.limit_in_bytes"
-        )
     limit = 256 * MiB
-    with ChildCgroup(parent_cgroup, f"wr-test-memsw-{os.getpid()}", limit, layout=layout) as cg:
+    # a machine without swap gets a little for the test: the 96 MiB paged out, and some slack
+    swap = swap_file(128 * MiB) if swap_total_kb() == 0 else nullcontext()
+    with (
+        swap,
+        ChildCgroup(parent_cgroup, f"wr-test-memsw-{os.getpid()}", limit, layout=layout) as cg,
+    ):
         Path(cg.abs_path, "memory.memsw.limit_in_bytes").write_text(str(limit))
-        res = record(tmp_path, in_cgroup(cg, sys.executable, "-c", SWAPPED_HOG))
+        swapped = tmp_path / "swapped"
+        res = record(tmp_path, in_cgroup(cg, sys.executable, "-c", SWAPPED_HOG, str(swapped)))
         path = cg.path
+    # the 96 MiB went to swap and stayed there: memory+swap reached the limit with memory alone
+    # 96 MiB under it (the kernel drops the written-back copies before it OOM-kills)
+    assert int(swapped.read_text()) * 1024 >= 96 * MiB
     [oom] = [e for e in read_trace(res.path or "").events if isinstance(e, OomKill)]
     assert (oom.memcg, oom.limit_bytes) == (True, limit)
     [v] = res.verdicts
