@@ -8,11 +8,12 @@ import pytest
 
 from tracer.errors import UsageError
 from tracer.runtimes.kubernetes import resolve_pod
+from tracer.sources.cgroupfs import CgroupLayout, CgroupResolver
 
 UID = "0d6c5b1e-3f2a-4c1b-9a7e-5b2c8d9e1f00"
 
 
-def node(tmp_path: Path, systemd: bool) -> tuple[str, str]:
+def node(tmp_path: Path, systemd: bool) -> tuple[str, CgroupResolver]:
     logs = tmp_path / "var-log-pods"
     (logs / f"inference_llm-0_{UID}").mkdir(parents=True)
     (logs / f"inference_other_{UID[:-1]}1").mkdir()
@@ -28,7 +29,7 @@ def node(tmp_path: Path, systemd: bool) -> tuple[str, str]:
     else:
         pod = mem / "kubepods" / "burstable" / f"pod{UID}"
         (pod / ("ab" * 32)).mkdir(parents=True)
-    return str(logs), str(mem)
+    return str(logs), CgroupResolver(CgroupLayout("v1", str(mem), 1, None))
 
 
 @pytest.mark.parametrize("systemd", [True, False])

@@ -284,12 +284,13 @@ def make_targets(kw: dict[str, Any], command: tuple[str, ...], verb: str = "reco
         cgroups.append(info.cgroup_path)
     if kw["pods"]:
         from tracer.runtimes.kubernetes import resolve_pod
-        from tracer.sources.cgroupfs import CgroupLayout
+        from tracer.sources.cgroupfs import CgroupLayout, CgroupResolver
 
-        memory_root = CgroupLayout.from_system().memory_root
-        if memory_root is None:
+        layout = CgroupLayout.from_system()
+        if layout.memory_root is None:
             raise UsageError("--pod: no memory cgroup controller is mounted here")
-        cgroups += [resolve_pod(p, memory_root) for p in kw["pods"]]
+        resolver = CgroupResolver(layout)
+        cgroups += [resolve_pod(p, resolver) for p in kw["pods"]]
     probes = None
     if kw["probes"]:
         probes = ProbeSetup(

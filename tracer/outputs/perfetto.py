@@ -167,8 +167,7 @@ class _Writer:
                     pid, f"usage {a.path} (ancestor)", "MiB", zip(a.ts, a.usage, strict=True), MiB
                 )
         for ln in u.limits:
-            what = "memory.high" if ln.kind == "high" else "limit"
-            self.counter(pid, f"{what} {ln.path}", "MiB", ln.points, MiB)
+            self.counter(pid, f"{ln.what} {ln.path}", "MiB", ln.points, MiB)
         for eff in u.effective:
             self.counter(
                 pid,

@@ -846,7 +846,7 @@ def _limits_table(u: UnitTimeline) -> str:
     for ln in u.limits:
         where = "own cgroup" if ln.own else "ancestor"
         rows.append(
-            f"<tr><td>{'memory.high' if ln.kind == 'high' else 'limit'}</td>"
+            f"<tr><td>{ln.what}</td>"
             f"<td class=path>{_e(ln.path)}</td><td>{where}</td>"
             f"<td>{_e(ln.label())}</td></tr>"
         )

@@ -146,9 +146,14 @@ class LimitLine:
     def values(self) -> list[int]:
         return [v for _, v in self.points if v is not None]
 
+    @property
+    def what(self) -> str:
+        """What the line is called in every output: "memory.high" or "limit"."""
+        return "memory.high" if self.kind == "high" else "limit"
+
     def label(self) -> str:
         vals = sorted(set(self.values()))
-        what = "memory.high" if self.kind == "high" else "limit"
+        what = self.what
         if not vals:
             return f"{what} {self.path}: none"
         if len(vals) == 1:

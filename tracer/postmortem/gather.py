@@ -31,7 +31,7 @@ from tracer.postmortem.correlate import (
     read_kernel_log,
 )
 from tracer.runtimes.base import Runtime
-from tracer.sources.cgroupfs import CgroupLayout, CgroupResolver
+from tracer.sources.cgroupfs import CgroupLayout, CgroupResolver, relative
 from tracer.sources.kmsg import DEFAULT_PATH, KmsgReader
 from tracer.sources.samplers import CgroupSampler
 
@@ -108,25 +108,14 @@ def resolve(kind: str, spec: str, world: World, now: int) -> tuple[Target, Runti
         paths = (unit.cgroup_path,) if unit.cgroup_path else ()
         return Target(kind, spec, unit.id, ids=(unit.id,), paths=paths), RuntimeState(unit, now)
     if kind == "pod":
-        from tracer.runtimes.kubernetes import pod_uid
+        from tracer.runtimes.kubernetes import parse_pod
 
-        if spec.count("/") != 1 or not all(spec.split("/")):
-            raise UsageError(f"--pod {spec}: expected NAMESPACE/NAME", "e.g. --pod default/llm-0")
-        namespace, name = spec.split("/")
-        uid = pod_uid(namespace, name, world.pods_log_root)
-        if uid is None:
-            raise UsageError(
-                f"--pod {spec}: no such pod on this node ({world.pods_log_root}/"
-                f"{namespace}_{name}_<uid> not found, or not unique)",
-                "run whyrestart on the node that ran the pod (kubectl get pod -o wide)",
-            )
+        _namespace, _name, uid = parse_pod(spec, world.pods_log_root)
         # the pod's cgroup is named by its uid, with "_" for "-" under the systemd driver
         ids = (f"pod{uid}", f"pod{uid.replace('-', '_')}")
         return Target(kind, spec, f"pod {spec}", ids=ids), None
     if kind == "cgroup":
-        root = (world.layout.memory_root or "").rstrip("/")
-        path = spec[len(root) :] if root and spec.startswith(root + "/") else spec
-        path = "/" + path.strip("/")
+        path = relative(world.layout, spec)
         return Target(kind, spec, path, paths=(path,)), None
     if kind == "pid":
         try:

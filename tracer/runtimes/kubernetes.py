@@ -9,8 +9,13 @@ container of the pod, restarted or not (a restarted container is a new cgroup be
 from __future__ import annotations
 
 import os
+import posixpath
+from typing import TYPE_CHECKING
 
 from tracer.errors import UsageError
+
+if TYPE_CHECKING:
+    from tracer.sources.cgroupfs import CgroupResolver
 
 
 def pod_uid(namespace: str, name: str, log_root: str = "/var/log/pods") -> str | None:
@@ -23,24 +28,24 @@ def pod_uid(namespace: str, name: str, log_root: str = "/var/log/pods") -> str |
     return uids[0] if len(uids) == 1 else None
 
 
-def pod_cgroup(uid: str, memory_root: str) -> str | None:
-    """The pod's cgroup path (relative to the memory hierarchy root), searched under kubepods."""
+def pod_cgroup(uid: str, resolver: CgroupResolver) -> str | None:
+    """The pod's cgroup path (relative to the memory hierarchy root), searched under kubepods
+    (pods sit at most two levels below it: ``kubepods/<qos>/pod<uid>``)."""
     wanted = {f"pod{uid}", f"pod{uid}.slice", f"pod{uid.replace('-', '_')}.slice"}
-    for top in ("kubepods.slice", "kubepods"):
-        base = os.path.join(memory_root, top)
-        if not os.path.isdir(base):
-            continue
-        for dirpath, dirnames, _files in os.walk(base):
-            for d in dirnames:
+    for top in ("/kubepods.slice", "/kubepods"):
+        level = resolver.children(top)
+        for _depth in range(3):
+            for path in level:
+                d = posixpath.basename(path)
                 if d in wanted or any(d.endswith("-" + w) for w in wanted):
-                    return "/" + os.path.relpath(os.path.join(dirpath, d), memory_root)
-            if dirpath.count(os.sep) - base.count(os.sep) >= 2:
-                dirnames.clear()  # pods sit at most two levels below kubepods
+                    return path
+            level = [c for p in level for c in resolver.children(p)]
     return None
 
 
-def resolve_pod(spec: str, memory_root: str, log_root: str = "/var/log/pods") -> str:
-    """``NS/NAME`` -> the pod's cgroup path; UsageError naming what is missing."""
+def parse_pod(spec: str, log_root: str) -> tuple[str, str, str]:
+    """``NS/NAME`` -> (namespace, name, the pod's uid from the kubelet's log directories); a
+    UsageError naming what is missing."""
     if spec.count("/") != 1 or not all(spec.split("/")):
         raise UsageError(f"--pod {spec}: expected NAMESPACE/NAME", "e.g. --pod default/llm-0")
     namespace, name = spec.split("/")
@@ -49,12 +54,19 @@ def resolve_pod(spec: str, memory_root: str, log_root: str = "/var/log/pods") ->
         raise UsageError(
             f"--pod {spec}: no such pod on this node ({log_root}/{namespace}_{name}_<uid> "
             "not found, or not unique)",
-            "run whyrestart on the node that runs the pod (kubectl get pod -o wide)",
+            "run whyrestart on the node that runs or ran the pod (kubectl get pod -o wide)",
         )
-    path = pod_cgroup(uid, memory_root)
+    return namespace, name, uid
+
+
+def resolve_pod(spec: str, resolver: CgroupResolver, log_root: str = "/var/log/pods") -> str:
+    """``NS/NAME`` -> the pod's cgroup path; UsageError naming what is missing."""
+    _namespace, _name, uid = parse_pod(spec, log_root)
+    path = pod_cgroup(uid, resolver)
     if path is None:
         raise UsageError(
-            f"--pod {spec}: pod uid {uid} has no cgroup under kubepods in {memory_root}",
+            f"--pod {spec}: pod uid {uid} has no cgroup under kubepods in "
+            f"{resolver.layout.memory_root}",
             "is the pod running?",
         )
     return path

@@ -407,6 +407,19 @@ class CgroupResolver:
             return None
         return _memory_path(parse_proc_cgroup(text), self.layout)
 
+    def children(self, path: str) -> list[str]:
+        """The paths of ``path``'s child cgroups, sorted ([] when it is gone or unreadable)."""
+        abs_path = self._abs(path)
+        if abs_path is None:
+            return []
+        try:
+            with os.scandir(abs_path) as it:
+                names = [e.name for e in it if e.is_dir(follow_symlinks=False)]
+        except OSError:
+            return []
+        base = _norm(path).rstrip("/")
+        return [f"{base}/{name}" for name in sorted(names)]
+
     def procs(self, path: str) -> list[int]:
         """The process ids in ``path``'s ``cgroup.procs`` ([] when gone or unreadable)."""
         abs_path = self._abs(path)
