@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import functools
 import sys
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 import orjson
@@ -33,6 +33,9 @@ from tracer.options import (
     check_output_file,
 )
 from tracer.render import Clock, timeline, verdict_table
+
+if TYPE_CHECKING:
+    from tracer.trace.reader import TraceReader
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -161,7 +164,8 @@ def _status_printer() -> Callable[[str, bool], None]:
 
 
 def target_options(fn: F) -> F:
-    """The options that say what to watch, shared by record and tail."""
+    """The options that say what to watch, shared by record and tail (long: one click option
+    per kind of target, declared once here for both commands)."""
     opts = [
         click.option(
             "--pid",
@@ -477,65 +481,16 @@ def replay(trace: str, as_json: bool, verdicts_only: bool, as_tail: bool) -> Non
     header = reader.header
     clock = Clock(header.started_ns, header.clock_offset_ns)
     analyzer = analyzer_for(header, every_verdict=as_tail)
-    events: list[Event] = []
-
-    def fed() -> Any:
-        for ev in reader:
-            analyzer.feed(ev)
-            if as_json:
-                events.append(ev)
-            yield ev
-
-    def path_of(cid: int) -> str | None:
-        return analyzer.cgroup_path(cid)
-
     if as_tail:
-        from tracer.analysis.pressure import PressureFeed
-
-        feed = PressureFeed(path_of)
-        show = _tail_printer([clock], as_json)
-        last = header.started_ns
-        for ev in reader:
-            show(feed.feed(ev, analyzer.feed(ev)))
-            last = ev.ts
-        show(feed.feed(None, analyzer.finish()))
-        show(feed.flush(last))
-        for w in [*reader.warnings, *analyzer.warnings]:
-            _warn(w)
+        _replay_tail(reader, analyzer, clock, as_json)
         return
     if as_json:
-        if verdicts_only:
-            analyzer.feed_all(reader)
-        else:
-            for _ in fed():
-                pass
-            analyzer.finish()
-        # --verdicts-only: no "events" key (the timeline is what it leaves out)
-        events_doc = (
-            {}
-            if verdicts_only
-            else {"events": [e.to_record() for e in events if not isinstance(e, CgroupInfo)]}
-        )
-        click.echo(
-            _dumps(
-                {
-                    "schema": 1,
-                    "header": header.to_record(),
-                    **events_doc,
-                    "cgroups": {str(k): v.path for k, v in analyzer.cgroups.items()},
-                    "verdicts": [{**v.to_json(), "t": clock.rel(v.ts)} for v in analyzer.verdicts],
-                    "restarts": [r.to_json() for r in analyzer.restarts],
-                    "verdicts_not_kept": analyzer.not_kept,
-                    "warnings": [*reader.warnings, *analyzer.warnings],
-                    "footer": reader.footer.to_record() if reader.footer else None,
-                }
-            )
-        )
+        _replay_json(reader, analyzer, clock, verdicts_only)
         return
     if verdicts_only:
         analyzer.feed_all(reader)
     else:
-        for line in timeline(fed(), clock, path_of):
+        for line in timeline(_fed(reader, analyzer), clock, analyzer.cgroup_path):
             click.echo(line)  # escaped line by line by timeline()
         click.echo()
         analyzer.finish()
@@ -552,6 +507,66 @@ def replay(trace: str, as_json: bool, verdicts_only: bool, as_tail: bool) -> Non
     )
     if analyzer.not_kept:
         click.echo(NOT_KEPT.format(analyzer.not_kept))
+
+
+def _fed(
+    reader: TraceReader, analyzer: Analyzer, kept: list[Event] | None = None
+) -> Iterator[Event]:
+    """The reader's events, each fed to the analyzer first (and kept in ``kept``)."""
+    for ev in reader:
+        analyzer.feed(ev)
+        if kept is not None:
+            kept.append(ev)
+        yield ev
+
+
+def _replay_tail(reader: TraceReader, analyzer: Analyzer, clock: Clock, as_json: bool) -> None:
+    """replay --tail: the lines tail showed live."""
+    from tracer.analysis.pressure import PressureFeed
+
+    feed = PressureFeed(analyzer.cgroup_path)
+    show = _tail_printer([clock], as_json)
+    last = reader.header.started_ns
+    for ev in reader:
+        show(feed.feed(ev, analyzer.feed(ev)))
+        last = ev.ts
+    show(feed.feed(None, analyzer.finish()))
+    show(feed.flush(last))
+    for w in [*reader.warnings, *analyzer.warnings]:
+        _warn(w)
+
+
+def _replay_json(
+    reader: TraceReader, analyzer: Analyzer, clock: Clock, verdicts_only: bool
+) -> None:
+    """replay --json: one document (without the "events" key under --verdicts-only)."""
+    events: list[Event] = []
+    if verdicts_only:
+        analyzer.feed_all(reader)
+    else:
+        for _ in _fed(reader, analyzer, events):
+            pass
+        analyzer.finish()
+    events_doc = (
+        {}
+        if verdicts_only
+        else {"events": [e.to_record() for e in events if not isinstance(e, CgroupInfo)]}
+    )
+    click.echo(
+        _dumps(
+            {
+                "schema": 1,
+                "header": reader.header.to_record(),
+                **events_doc,
+                "cgroups": {str(k): v.path for k, v in analyzer.cgroups.items()},
+                "verdicts": [{**v.to_json(), "t": clock.rel(v.ts)} for v in analyzer.verdicts],
+                "restarts": [r.to_json() for r in analyzer.restarts],
+                "verdicts_not_kept": analyzer.not_kept,
+                "warnings": [*reader.warnings, *analyzer.warnings],
+                "footer": reader.footer.to_record() if reader.footer else None,
+            }
+        )
+    )
 
 
 # -- explain -------------------------------------------------------------------------------

@@ -189,7 +189,12 @@ class Recorder:
     command exits, the duration passes or a signal arrives, then drained and closed.
 
     ``sources``: more sources to run beside the recorder's own (repro's liveness prober);
-    ``sinks``: more sinks to hand the ordered events to (after the trace and the analyzer)."""
+    ``sinks``: more sinks to hand the ordered events to (after the trace and the analyzer).
+
+    Large on purpose (about 400 lines): it owns a recording's lifecycle end to end (checking
+    the targets, starting the command, assembling the pipeline, the loop, the header and
+    footer, signals and the stop) because they share one stop state and one set of sources;
+    the sources, enrichers and sinks themselves live in tracer.pipeline."""
 
     def __init__(
         self,

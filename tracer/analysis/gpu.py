@@ -388,6 +388,21 @@ def _gpu_oom(f: GpuFacts, ex: Exit, exit_ev: tuple[int, str], crash: str | None)
         f"(last: {last.function} of {fmt_bytes(last.requested_bytes)} with "
         f"{fmt_bytes(last.held_bytes)} already held), then it {_ending(ex, crash)}{where}"
     )
+    return Finding(
+        cause="gpu_oom",
+        confidence=confidence,
+        summary=summary,
+        advice=_gpu_oom_advice(f, last, peak),
+        evidence=tuple(sorted([*evidence, exit_ev])),
+        disagreements=tuple(disagree),
+        peak_bytes=peak,
+        limit_bytes=total,
+        usage_bytes=used,
+    )
+
+
+def _gpu_oom_advice(f: GpuFacts, last: GpuAllocFailure, peak: int | None) -> str:
+    """What to change after a GPU OOM: what it held and asked for, and who else held memory."""
     others = ""
     if f.device is not None and f.own is not None and f.own.used_bytes is not None:
         rest = f.device.used_bytes - f.own.used_bytes
@@ -398,21 +413,10 @@ def _gpu_oom(f: GpuFacts, ex: Exit, exit_ev: tuple[int, str], crash: str | None)
         if peak
         else f"it asked for {fmt_bytes(last.requested_bytes)} before holding any"
     )
-    advice = (
+    return (
         f"{held}{others}: lower the batch size or sequence length, cap the framework's cache "
         "(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against fragmentation), or give it "
         "a larger GPU or one of its own"
-    )
-    return Finding(
-        cause="gpu_oom",
-        confidence=confidence,
-        summary=summary,
-        advice=advice,
-        evidence=tuple(sorted([*evidence, exit_ev])),
-        disagreements=tuple(disagree),
-        peak_bytes=peak,
-        limit_bytes=total,
-        usage_bytes=used,
     )
 
 

@@ -566,6 +566,9 @@ def _with(f: Finding, **changes: object) -> Finding:
 
 
 def signal_exit(v: ExitView, had_oom: bool) -> Finding:
+    # Long on purpose: one ladder over who sent the fatal signal, in the order it is decided
+    # (nobody seen, the kernel, the process itself, a supervisor's probe kill, a user-space
+    # OOM killer, anyone else), each rung a few lines over the same evidence list.
     ex = v.ex
     ws = ex.wait
     assert ws.signal is not None

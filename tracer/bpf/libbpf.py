@@ -60,6 +60,59 @@ def _fix_for(step: str, err: int) -> str | None:
     return None
 
 
+# The libbpf functions we call, with their result and argument types (declared once, at load).
+_SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
+    "libbpf_major_version": (ctypes.c_uint32, []),
+    "libbpf_minor_version": (ctypes.c_uint32, []),
+    "libbpf_set_print": (c_void_p, [PRINT_FN]),
+    "libbpf_num_possible_cpus": (c_int, []),
+    "bpf_object__open_file": (c_void_p, [c_char_p, c_void_p]),
+    "bpf_object__load": (c_int, [c_void_p]),
+    "bpf_object__close": (None, [c_void_p]),
+    "bpf_object__next_program": (c_void_p, [c_void_p, c_void_p]),
+    "bpf_object__find_program_by_name": (c_void_p, [c_void_p, c_char_p]),
+    "bpf_object__find_map_by_name": (c_void_p, [c_void_p, c_char_p]),
+    "bpf_program__name": (c_char_p, [c_void_p]),
+    "bpf_program__section_name": (c_char_p, [c_void_p]),
+    "bpf_program__set_autoload": (c_int, [c_void_p, ctypes.c_bool]),
+    "bpf_program__autoload": (ctypes.c_bool, [c_void_p]),
+    "bpf_program__attach": (c_void_p, [c_void_p]),
+    "bpf_program__attach_kprobe": (c_void_p, [c_void_p, ctypes.c_bool, c_char_p]),
+    # (prog, retprobe, pid, binary_path, func_offset): offset in the file, pid -1 for
+    # every process that maps the binary
+    "bpf_program__attach_uprobe": (
+        c_void_p,
+        [c_void_p, ctypes.c_bool, c_int, c_char_p, c_size_t],
+    ),
+    "bpf_program__set_attach_target": (c_int, [c_void_p, c_int, c_char_p]),
+    "bpf_program__attach_perf_event": (c_void_p, [c_void_p, c_int]),
+    "bpf_link__destroy": (c_int, [c_void_p]),
+    "bpf_map__fd": (c_int, [c_void_p]),
+    "bpf_map__reuse_fd": (c_int, [c_void_p, c_int]),
+    "bpf_map__set_pin_path": (c_int, [c_void_p, c_char_p]),
+    "bpf_map__initial_value": (c_void_p, [c_void_p, ctypes.POINTER(c_size_t)]),
+    "bpf_map__update_elem": (
+        c_int,
+        [c_void_p, c_void_p, c_size_t, c_void_p, c_size_t, ctypes.c_uint64],
+    ),
+    "bpf_map__lookup_elem": (
+        c_int,
+        [c_void_p, c_void_p, c_size_t, c_void_p, c_size_t, ctypes.c_uint64],
+    ),
+    "bpf_map__delete_elem": (c_int, [c_void_p, c_void_p, c_size_t, ctypes.c_uint64]),
+    "bpf_map__get_next_key": (c_int, [c_void_p, c_void_p, c_void_p, c_size_t]),
+    "bpf_map__lookup_and_delete_elem": (
+        c_int,
+        [c_void_p, c_void_p, c_size_t, c_void_p, c_size_t, ctypes.c_uint64],
+    ),
+    "ring_buffer__new": (c_void_p, [c_int, SAMPLE_FN, c_void_p, c_void_p]),
+    "ring_buffer__poll": (c_int, [c_void_p, c_int]),
+    "ring_buffer__consume": (c_int, [c_void_p]),
+    "ring_buffer__epoll_fd": (c_int, [c_void_p]),
+    "ring_buffer__free": (None, [c_void_p]),
+}
+
+
 class _Lib:
     """The loaded shared library with argument and result types declared once."""
 
@@ -80,57 +133,7 @@ class _Lib:
         else:
             self.dll, self.path = self._system()
         d = self.dll
-        sig: dict[str, tuple[Any, list[Any]]] = {
-            "libbpf_major_version": (ctypes.c_uint32, []),
-            "libbpf_minor_version": (ctypes.c_uint32, []),
-            "libbpf_set_print": (c_void_p, [PRINT_FN]),
-            "libbpf_num_possible_cpus": (c_int, []),
-            "bpf_object__open_file": (c_void_p, [c_char_p, c_void_p]),
-            "bpf_object__load": (c_int, [c_void_p]),
-            "bpf_object__close": (None, [c_void_p]),
-            "bpf_object__next_program": (c_void_p, [c_void_p, c_void_p]),
-            "bpf_object__find_program_by_name": (c_void_p, [c_void_p, c_char_p]),
-            "bpf_object__find_map_by_name": (c_void_p, [c_void_p, c_char_p]),
-            "bpf_program__name": (c_char_p, [c_void_p]),
-            "bpf_program__section_name": (c_char_p, [c_void_p]),
-            "bpf_program__set_autoload": (c_int, [c_void_p, ctypes.c_bool]),
-            "bpf_program__autoload": (ctypes.c_bool, [c_void_p]),
-            "bpf_program__attach": (c_void_p, [c_void_p]),
-            "bpf_program__attach_kprobe": (c_void_p, [c_void_p, ctypes.c_bool, c_char_p]),
-            # (prog, retprobe, pid, binary_path, func_offset): offset in the file, pid -1 for
-            # every process that maps the binary
-            "bpf_program__attach_uprobe": (
-                c_void_p,
-                [c_void_p, ctypes.c_bool, c_int, c_char_p, c_size_t],
-            ),
-            "bpf_program__set_attach_target": (c_int, [c_void_p, c_int, c_char_p]),
-            "bpf_program__attach_perf_event": (c_void_p, [c_void_p, c_int]),
-            "bpf_link__destroy": (c_int, [c_void_p]),
-            "bpf_map__fd": (c_int, [c_void_p]),
-            "bpf_map__reuse_fd": (c_int, [c_void_p, c_int]),
-            "bpf_map__set_pin_path": (c_int, [c_void_p, c_char_p]),
-            "bpf_map__initial_value": (c_void_p, [c_void_p, ctypes.POINTER(c_size_t)]),
-            "bpf_map__update_elem": (
-                c_int,
-                [c_void_p, c_void_p, c_size_t, c_void_p, c_size_t, ctypes.c_uint64],
-            ),
-            "bpf_map__lookup_elem": (
-                c_int,
-                [c_void_p, c_void_p, c_size_t, c_void_p, c_size_t, ctypes.c_uint64],
-            ),
-            "bpf_map__delete_elem": (c_int, [c_void_p, c_void_p, c_size_t, ctypes.c_uint64]),
-            "bpf_map__get_next_key": (c_int, [c_void_p, c_void_p, c_void_p, c_size_t]),
-            "bpf_map__lookup_and_delete_elem": (
-                c_int,
-                [c_void_p, c_void_p, c_size_t, c_void_p, c_size_t, ctypes.c_uint64],
-            ),
-            "ring_buffer__new": (c_void_p, [c_int, SAMPLE_FN, c_void_p, c_void_p]),
-            "ring_buffer__poll": (c_int, [c_void_p, c_int]),
-            "ring_buffer__consume": (c_int, [c_void_p]),
-            "ring_buffer__epoll_fd": (c_int, [c_void_p]),
-            "ring_buffer__free": (None, [c_void_p]),
-        }
-        for name, (res, args) in sig.items():
+        for name, (res, args) in _SIGNATURES.items():
             fn = getattr(d, name)
             fn.restype = res
             fn.argtypes = args

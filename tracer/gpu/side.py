@@ -109,18 +109,7 @@ class GpuSide:
             # this recorder among those sharing the holds map (two in one process are two)
             holder=int.from_bytes(os.urandom(4), "little") | 1,
         )
-        try:
-            self.hooks = self._load(config, object_path, hold)
-            self._rb = RingBuffer(self.hooks.events)
-        except WhyrestartError as exc:
-            self.hooks_error = exc.message
-            if self.hooks is not None:
-                self.hooks.close()
-                self.hooks = None
-            self.warnings.append(
-                f"GPU allocation failures cannot be caught: {exc.message}"
-                + (f" ({exc.fix})" if exc.fix else "")
-            )
+        self._open_hooks(config, object_path, hold)
         # (st_dev, inode) of each driver library file -> what probing it gave
         self._libraries: dict[tuple[int, int], AttachedLibrary] = {}
         self._host: dict[str, str] = {}
@@ -156,10 +145,30 @@ class GpuSide:
         if filter_all:
             # Under --all, processes are learned from exec events; the ones already running
             # (a serving process started before the recording) are looked at once here.
-            with contextlib.suppress(OSError):
-                for name in os.listdir(proc):
-                    if name.isdigit() and int(name) != os.getpid():
-                        self._enqueue(int(name))
+            self._enqueue_running()
+
+    def _open_hooks(self, config: layout.WrGpuConfig, object_path: str | None, hold: bool) -> None:
+        """Loads and attaches the GPU object; where that fails, says so in a warning and runs
+        on without uprobes (NVML is still sampled)."""
+        try:
+            self.hooks = self._load(config, object_path, hold)
+            self._rb = RingBuffer(self.hooks.events)
+        except WhyrestartError as exc:
+            self.hooks_error = exc.message
+            if self.hooks is not None:
+                self.hooks.close()
+                self.hooks = None
+            self.warnings.append(
+                f"GPU allocation failures cannot be caught: {exc.message}"
+                + (f" ({exc.fix})" if exc.fix else "")
+            )
+
+    def _enqueue_running(self) -> None:
+        """Queues every process of ``proc`` but ourselves for one look at its mappings."""
+        with contextlib.suppress(OSError):
+            for name in os.listdir(self.proc):
+                if name.isdigit() and int(name) != os.getpid():
+                    self._enqueue(int(name))
 
     def _load(self, config: layout.WrGpuConfig, object_path: str | None, hold: bool) -> GpuHooks:
         """gpu.bpf.o with the main object's watched maps and the holds map shared between

@@ -427,7 +427,29 @@ class _Builder:
         for cg in self.cgroups.values():
             if not cg.path:
                 cg.path = self._path(cg.cgroup_id)
+        units = self._units(verdicts, end)
+        for u in units.values():
+            self._limits(u, start, end)
+        self._assign_events(units, verdicts, restarts)
+        ordered = sorted(units.values(), key=lambda u: (u.first_ts, u.label))
+        return Timeline(
+            header=self.header,
+            footer=None,
+            warnings=list(self.analyzer.warnings),
+            start_ns=start,
+            end_ns=max(end, start),
+            units=ordered,
+            host=self.host,
+            verdicts=verdicts,
+            restarts=restarts,
+            restart_counts=self.analyzer.restart_counts(),
+            cgroup_paths={cid: cg.path for cid, cg in self.cgroups.items()},
+            counts=dict(self.counts),
+            cgroup_first_ns=dict(self.cgroup_first_ns),
+        )
 
+    def _units(self, verdicts: list[Verdict], end: int) -> dict[str, UnitTimeline]:
+        """The units, each with its processes and cgroups (without limits and events yet)."""
         # pid -> unit label: the verdict's, else the analyzer's (its process table names the
         # unit of a process still running at the end), else the cgroup's (a process the
         # bounded table no longer holds)
@@ -495,25 +517,7 @@ class _Builder:
             u.cgroups.sort(key=lambda c: c.path)
             first_cg = min((c.ts[0] for c in u.cgroups if c.ts), default=u.first_ts)
             u.first_ts = min(u.first_ts, first_cg)
-            self._limits(u, start, end)
-
-        self._assign_events(units, verdicts, restarts)
-        ordered = sorted(units.values(), key=lambda u: (u.first_ts, u.label))
-        return Timeline(
-            header=self.header,
-            footer=None,
-            warnings=list(self.analyzer.warnings),
-            start_ns=start,
-            end_ns=max(end, start),
-            units=ordered,
-            host=self.host,
-            verdicts=verdicts,
-            restarts=restarts,
-            restart_counts=self.analyzer.restart_counts(),
-            cgroup_paths={cid: cg.path for cid, cg in self.cgroups.items()},
-            counts=dict(self.counts),
-            cgroup_first_ns=dict(self.cgroup_first_ns),
-        )
+        return units
 
     def _limits(self, u: UnitTimeline, start: int, end: int) -> None:
         """The unit's nested limits, its limited ancestors, and each leaf's effective limit."""
@@ -593,30 +597,10 @@ class _Builder:
                 u.verdicts.append(v)
         for r in restarts:
             u = by_label.get(r.unit)
-            marker = Marker(
-                r.ts,
-                RESTART,
-                f"restart → pid {r.new_pid}",
-                f"{r.unit} restarted: pid {r.old_pid} -> pid {r.new_pid} after "
-                f"{r.downtime_ns / 1e9:.1f} s down ({r.cause})",
-                r.new_pid,
-            )
-            (u.markers if u is not None else self.host.markers).append(marker)
+            (u.markers if u is not None else self.host.markers).append(_restart_marker(r))
         oom_victims = {o.victim_pid for o in self.ooms}
         for o in self.ooms:
-            where = (
-                f"{self._path(o.limit_cgroup_id)} at {fmt_bytes(o.usage_bytes)} of "
-                f"{fmt_bytes(o.limit_bytes)}"
-                if o.memcg
-                else "the host (global OOM)"
-            )
-            m = Marker(
-                o.ts,
-                OOM,
-                f"OOM kill pid {o.victim_pid}",
-                f"OOM killer chose pid {o.victim_pid} ({o.victim_comm}): {where}",
-                o.victim_pid,
-            )
+            m = _oom_marker(o, self._path(o.limit_cgroup_id))
             u = unit_for(o.victim_pid, o.victim_cgroup_id)
             (u.markers if u is not None else self.host.markers).append(m)
             if not o.memcg and u is not None:
@@ -624,47 +608,16 @@ class _Builder:
         for k in self.kmsg:
             if k.victim_pid in oom_victims:
                 continue  # the BPF event already marks it; the kernel log agrees or not
-            m = Marker(
-                k.ts,
-                OOM,
-                f"OOM kill pid {k.victim_pid}",
-                f"kernel log: OOM killed pid {k.victim_pid} ({k.victim_comm}), "
-                f"{k.constraint or 'no constraint line'}"
-                + (f", oom_memcg={k.oom_memcg}" if k.oom_memcg else ""),
-                k.victim_pid,
-            )
             u = by_pid.get(k.victim_pid)
-            (u.markers if u is not None else self.host.markers).append(m)
+            (u.markers if u is not None else self.host.markers).append(_kmsg_marker(k))
         for s in self.signals:
             u = by_pid.get(s.target_pid)
-            if u is None:
-                continue
-            name = signal_name(s.sig)
-            sender = (
-                f"the kernel (in {s.sender_comm})"
-                if s.si_code == SI_KERNEL
-                else f"pid {s.sender_pid} ({s.sender_comm})"
-            )
-            u.markers.append(
-                Marker(
-                    s.ts,
-                    SIGNAL,
-                    f"{name} → pid {s.target_pid}",
-                    f"{name} from {sender} to pid {s.target_pid} ({s.target_comm})",
-                    s.target_pid,
-                )
-            )
+            if u is not None:
+                u.markers.append(_signal_marker(s))
         for ex in self.exits:
             u = unit_for(ex.pid, ex.cgroup_id)
-            if u is None:
-                continue
-            ws = ex.wait
-            short = (
-                f"exit pid {ex.pid}: {signal_name(ws.signal)}"
-                if ws.signal is not None
-                else f"exit pid {ex.pid}: code {ws.code}"
-            )
-            u.markers.append(Marker(ex.ts, EXIT, short, describe_status(ex), ex.pid))
+            if u is not None:
+                u.markers.append(_exit_marker(ex))
         for st in self.stalls:
             u = unit_for(st.pid, st.task_cgroup_id)
             if u is not None:
@@ -675,14 +628,7 @@ class _Builder:
                 u.gpu_procs.append(gp)
         for gf in self.gpu_failures:
             u = unit_for(gf.pid, gf.cgroup_id)
-            m = Marker(
-                gf.ts,
-                GPU_FAIL,
-                f"GPU alloc fail pid {gf.pid}",
-                f"{gf.function}({fmt_bytes(gf.requested_bytes)}) failed with out of memory in "
-                f"pid {gf.pid} ({gf.comm}), holding {fmt_bytes(gf.held_bytes)}",
-                gf.pid,
-            )
+            m = _gpu_failure_marker(gf)
             if u is not None:
                 u.gpu_failures.append(gf)
                 u.markers.append(m)
@@ -701,6 +647,84 @@ class _Builder:
             unit.markers.sort(key=lambda m: (m.ts, MARKER_KINDS.index(m.kind)))
             unit.restarts = [r for r in restarts if r.unit == unit.label]
         self.host.markers.sort(key=lambda m: (m.ts, MARKER_KINDS.index(m.kind)))
+
+
+# -- the marks events leave on a unit's (or the host's) timeline ---------------------------------
+
+
+def _restart_marker(r: Restart) -> Marker:
+    return Marker(
+        r.ts,
+        RESTART,
+        f"restart → pid {r.new_pid}",
+        f"{r.unit} restarted: pid {r.old_pid} -> pid {r.new_pid} after "
+        f"{r.downtime_ns / 1e9:.1f} s down ({r.cause})",
+        r.new_pid,
+    )
+
+
+def _oom_marker(o: OomKill, limit_path: str) -> Marker:
+    where = (
+        f"{limit_path} at {fmt_bytes(o.usage_bytes)} of {fmt_bytes(o.limit_bytes)}"
+        if o.memcg
+        else "the host (global OOM)"
+    )
+    return Marker(
+        o.ts,
+        OOM,
+        f"OOM kill pid {o.victim_pid}",
+        f"OOM killer chose pid {o.victim_pid} ({o.victim_comm}): {where}",
+        o.victim_pid,
+    )
+
+
+def _kmsg_marker(k: KmsgOom) -> Marker:
+    return Marker(
+        k.ts,
+        OOM,
+        f"OOM kill pid {k.victim_pid}",
+        f"kernel log: OOM killed pid {k.victim_pid} ({k.victim_comm}), "
+        f"{k.constraint or 'no constraint line'}"
+        + (f", oom_memcg={k.oom_memcg}" if k.oom_memcg else ""),
+        k.victim_pid,
+    )
+
+
+def _signal_marker(s: Signal) -> Marker:
+    name = signal_name(s.sig)
+    sender = (
+        f"the kernel (in {s.sender_comm})"
+        if s.si_code == SI_KERNEL
+        else f"pid {s.sender_pid} ({s.sender_comm})"
+    )
+    return Marker(
+        s.ts,
+        SIGNAL,
+        f"{name} → pid {s.target_pid}",
+        f"{name} from {sender} to pid {s.target_pid} ({s.target_comm})",
+        s.target_pid,
+    )
+
+
+def _exit_marker(ex: Exit) -> Marker:
+    ws = ex.wait
+    short = (
+        f"exit pid {ex.pid}: {signal_name(ws.signal)}"
+        if ws.signal is not None
+        else f"exit pid {ex.pid}: code {ws.code}"
+    )
+    return Marker(ex.ts, EXIT, short, describe_status(ex), ex.pid)
+
+
+def _gpu_failure_marker(gf: GpuAllocFailure) -> Marker:
+    return Marker(
+        gf.ts,
+        GPU_FAIL,
+        f"GPU alloc fail pid {gf.pid}",
+        f"{gf.function}({fmt_bytes(gf.requested_bytes)}) failed with out of memory in "
+        f"pid {gf.pid} ({gf.comm}), holding {fmt_bytes(gf.held_bytes)}",
+        gf.pid,
+    )
 
 
 __all__ = [

@@ -437,11 +437,7 @@ def _runtime_events(
         started = min(started, finished)
     if finished < facts.since_ns:
         return events, None, None, finished, unit
-    lo = started if started is not None else finished - 60 * SECOND
-    run = [o for o in ooms if lo - SECOND <= o.oom.ts <= finished + MATCH_AFTER_NS]
-    if info.exit_pid:
-        run = [o for o in run if o.oom.victim_pid == info.exit_pid]
-    matched = run[-1] if run else None
+    matched = _kill_of_run(ooms, started, finished, info.exit_pid)
     if matched is not None and started is not None:
         # (the process was running when it was killed: podman's StartedAt can come after an
         # immediate OOM kill, and the rules take no evidence from before a process's start)
@@ -471,6 +467,18 @@ def _runtime_events(
         )
     )
     return events, matched, rexit, finished, unit
+
+
+def _kill_of_run(
+    ooms: Sequence[LoggedOom], started: int | None, finished: int, exit_pid: int
+) -> LoggedOom | None:
+    """The kernel log's last OOM kill within the run that ended at ``finished`` (of its exit
+    pid, where the runtime knows it); without a start, the minute before the end."""
+    lo = started if started is not None else finished - 60 * SECOND
+    run = [o for o in ooms if lo - SECOND <= o.oom.ts <= finished + MATCH_AFTER_NS]
+    if exit_pid:
+        run = [o for o in run if o.oom.victim_pid == exit_pid]
+    return run[-1] if run else None
 
 
 def _pod(info: ContainerInfo) -> str:
