@@ -923,6 +923,23 @@ def test_set_fast_interval_near_the_limit(tmp_path: Path) -> None:
     assert sampled(400) and not sampled(420)
 
 
+def test_set_samples_soon_after_an_oom_kill_in_a_watched_cgroup(tmp_path: Path) -> None:
+    root, layout = v2_tree(tmp_path, "v2_debian12_6_1")
+    ss = make_set(layout, interval_ns=1000 * MS, fast_interval_ns=50 * MS)
+    ss.watch_cgroup(D12_SCOPE)
+    assert of_type(ss.due(0), CgroupSample)  # 300 MiB of 512: once a second
+    assert not of_type(ss.due(10 * MS), CgroupSample)
+    ss.sample_soon(ino(root, "/system.slice"))  # (an ancestor of the watched scope)
+    assert [e.path for e in of_type(ss.due(20 * MS), CgroupSample)] == [
+        "/",
+        "/system.slice",
+        D12_SCOPE,
+    ]
+    assert not of_type(ss.due(30 * MS), CgroupSample)  # then its pace again
+    ss.sample_soon(12345)  # not sampled here: nothing changes
+    assert not of_type(ss.due(40 * MS), CgroupSample)
+
+
 def test_set_fast_interval_when_an_ancestor_is_near_its_limit(tmp_path: Path) -> None:
     # The pod kubelet sized for one container sits at 97% of its 256 MiB: the watched
     # container is sampled fast from the start, its ancestors with it.

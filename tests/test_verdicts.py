@@ -401,6 +401,39 @@ def test_the_main_process_killed_then_restarted_is_one_restart() -> None:
     assert r.downtime_ns == t(2.0)
 
 
+def _oom_kill_then(*later: Event) -> list[Event]:
+    """A cgroup OOM kill with all its evidence but the sample after it, then ``later``."""
+    path = "/system.slice/llm.service"
+    return [
+        *unit_stream(),
+        sample(0.5, 40, path, usage=4 * GiB, events={"oom_kill": 0}),
+        oom(1.0, 100, limit_cgroup=40, victim_cg=40, limit=4 * GiB, usage=4 * GiB),
+        kmsg(1.0, 100, oom_memcg=path),
+        killed(1.1, 100, signal.SIGKILL, cg=40),
+        *later,
+    ]
+
+
+def test_an_early_judging_analyzer_judges_an_oom_kill_once_its_evidence_is_in() -> None:
+    """The agent's analyzer judges an OOM kill as soon as the cgroup's sample after it is in,
+    not a settle window later, and to the very verdict the settle window gives."""
+    after = sample(1.15, 40, "/system.slice/llm.service", events={"oom_kill": 1})
+    early = Analyzer(early_oom=True)
+    [v] = early.feed_many(_oom_kill_then(after, forked(1.2, 100, 102, 40, "llm")))
+    late = Analyzer()
+    assert late.feed_many(_oom_kill_then(after, forked(1.2, 100, 102, 40, "llm"))) == []
+    [w] = late.feed_many([forked(2.5, 1, 103, 40, "llm")])
+    assert v == w and v.cause == "cgroup_oom"
+    assert early.feed_many([forked(2.5, 1, 103, 40, "llm")]) == []  # judged once
+
+
+def test_an_early_judging_analyzer_waits_for_the_sample_after_the_kill() -> None:
+    a = Analyzer(early_oom=True)
+    assert a.feed_many(_oom_kill_then(forked(1.2, 100, 102, 40, "llm"))) == []
+    [v] = a.feed_many([forked(2.5, 1, 103, 40, "llm")])  # the settle window, as always
+    assert v.cause == "cgroup_oom"
+
+
 def test_an_always_on_consumer_takes_each_restart_once_with_its_exits_verdict() -> None:
     """The agent hands restarts on as they happen. A new main process that starts within the
     second after the old one's exit is linked before that exit is judged: the restart waits

@@ -238,7 +238,10 @@ class Recorder:
         self.warnings: list[str] = []
         # (a live tail reads every verdict; otherwise only the kept ones are built)
         # (built from what the header's targets will say: a replay builds the same one)
-        self.analyzer = Analyzer.from_header(targets.describe(), every_verdict=on_event is not None)
+        # (the agent judges an OOM kill once its evidence is in: its counter follows the kill)
+        self.analyzer = Analyzer.from_header(
+            targets.describe(), every_verdict=on_event is not None, early_oom=agent_filter
+        )
 
     # -- set-up -----------------------------------------------------------------------------
 

@@ -138,6 +138,28 @@ def view_of(ex: Exit, ev: Evidence, unit: str | None, **context: Any) -> ExitVie
     )
 
 
+def oom_evidence_complete(ex: Exit, store: Evidence) -> bool:
+    """Whether an OOM-killed exit's evidence is all in before SETTLE_NS has passed: the
+    kernel's OOM record (BPF) and its report (the kernel log) for this process, and, where the
+    limiting cgroup is sampled, a sample taken at or after the kill (its OOM counter's rise).
+    What the settle window waits for is exactly these; with them in, nothing later changes
+    the verdict, and a live consumer (the agent) need not wait the rest of the second."""
+    if ex.wait.signal != _signal.SIGKILL:
+        return False
+    pe = store.by_pid.get(ex.pid)
+    if pe is None or not pe.ooms or not pe.kmsg:
+        return False
+    lo = ex.start_ns or ex.ts - HISTORY_NS
+    bpf = [o for o in pe.ooms if lo <= o.ts <= ex.ts]
+    if not bpf or not any(lo <= k.ts for k in pe.kmsg):
+        return False
+    oom = bpf[-1]
+    if not oom.memcg:
+        return True  # (a global OOM: no cgroup counter is read)
+    cg = store.by_cgroup.get(oom.limit_cgroup_id or ex.cgroup_id)
+    return cg is None or not cg.samples or cg.sample_ts[-1] >= oom.ts
+
+
 def fatal_signal(signals: list[Signal], sig: int) -> Signal | None:
     """The signal event that ended a process killed by ``sig``: the first delivered
     (``senders.fatal_signal``)."""

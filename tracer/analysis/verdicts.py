@@ -98,13 +98,19 @@ class Analyzer:
         supervisor_pids: Iterable[int] = (),
         every_verdict: bool = True,
         probe_failures: int = rules.PROBE_FAILURES,
+        early_oom: bool = False,
     ) -> None:
         """``every_verdict``: ``feed`` returns every verdict it reaches (a live tail needs them).
         Without it, only the kept ones are built: past the caps of retention a plain exit is
         counted in ``not_kept`` without building a verdict that nobody would read (a replay of
         a busy host's --all trace is mostly that). ``probe_failures``: consecutive failed
-        health probes up to a supervisor's kill that make it a probe kill."""
+        health probes up to a supervisor's kill that make it a probe kill. ``early_oom``: an
+        OOM-killed exit is judged as soon as its evidence is complete
+        (``rules.oom_evidence_complete``), not SETTLE_NS later: the always-on agent's counter
+        and journal follow a kill within a round. (Replays keep the settle horizon: the same
+        verdicts, in the order they always came.)"""
         self.every_verdict = every_verdict
+        self.early_oom = early_oom
         self.probe_failures = probe_failures
         self.warnings: list[str] = []  # what was set aside (absurd timestamps)
         # unit key -> the last verdict on a process there killed by a signal (its init may
@@ -134,7 +140,9 @@ class Analyzer:
         }
 
     @classmethod
-    def from_header(cls, targets: Mapping[str, Any] | Any, every_verdict: bool = False) -> Analyzer:
+    def from_header(
+        cls, targets: Mapping[str, Any] | Any, every_verdict: bool = False, early_oom: bool = False
+    ) -> Analyzer:
         """The analyzer for a recording: the settings its header's targets carry (supervisor
         pids). The one place an analyzer is built for a trace, live or replayed, so that every
         output judges alike."""
@@ -150,6 +158,7 @@ class Analyzer:
             probe_failures=threshold
             if isinstance(threshold, int) and threshold > 0
             else rules.PROBE_FAILURES,
+            early_oom=early_oom,
         )
 
     # -- what it has concluded ---------------------------------------------------------------
@@ -350,6 +359,8 @@ class Analyzer:
         horizon = now - SETTLE_NS
         pending = self._pending
         out = self._judge_due(horizon) if pending and pending[0][0] <= horizon else []
+        if self.early_oom and pending:
+            out += self._judge_complete_ooms()
         if horizon - self._pruned >= SECOND:  # (after judging: what the due exits look at stays)
             self.ev.prune(horizon)
             self._pruned = horizon
@@ -378,6 +389,19 @@ class Analyzer:
 
     # -- judging ----------------------------------------------------------------------------
 
+    def _judge_complete_ooms(self) -> list[Verdict]:
+        """Judge now the pending OOM-killed exits whose evidence is complete (``early_oom``)."""
+        ev = self.ev
+        done = [p for p in self._pending if rules.oom_evidence_complete(p[2], ev)]
+        if not done:
+            return []
+        judged = {id(p) for p in done}
+        pending = self._pending  # (in place: feed_many holds it)
+        keep = [p for p in pending if id(p) not in judged]
+        pending.clear()
+        pending.extend(keep)
+        return self._judge_list(done)
+
     def _judge_due(self, horizon: int | None) -> list[Verdict]:
         """Judge the exits up to ``horizon`` (all of them at None), in time order."""
         pending = self._pending
@@ -389,6 +413,10 @@ class Analyzer:
             take, popleft = due.append, pending.popleft
             while pending and pending[0][0] <= horizon:
                 take(popleft())
+        return self._judge_list(due)
+
+    def _judge_list(self, due: list[_Pending]) -> list[Verdict]:
+        """Judge these exits, in time order."""
         due.sort(key=_exit_order)  # (they arrive nearly in order: linear then)
         out: list[Verdict] = []
         ev, kept = self.ev, self.kept

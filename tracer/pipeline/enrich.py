@@ -113,6 +113,7 @@ class WatchSet:
                 self.sample_cgroup(ev.cgroup_id)
             elif isinstance(ev, OomKill) and ev.limit_cgroup_id:
                 self.sample_cgroup(ev.limit_cgroup_id)
+                samplers.sample_soon(ev.limit_cgroup_id)
         return events
 
     def sample_cgroup(self, cgroup_id: int) -> None:
