@@ -84,6 +84,44 @@ class Options:
         return self.whyrestart or str(ROOT / ".venv" / "bin" / "whyrestart")
 
 
+# Each section's own options: (field of Options, help). The flag is the field's name with
+# dashes, its type and default are the field's.
+SECTION_OPTIONS: tuple[tuple[str, str], ...] = (
+    ("sig_rate", "signals: paced rate for the sustained run, /s (50000; 0: skip it)"),
+    ("reclaim_limit_mib", "reclaim: cgroup limit, MiB (64)"),
+    ("reclaim_file_mib", "reclaim: file size, MiB (256)"),
+    ("reclaim_dir", "reclaim: where the file goes, on disk (/var/tmp)"),
+    ("overflow_seconds", "overflow: storm length, s (12)"),
+    ("overflow_at", "overflow: SIGSTOP this far in, s (1)"),
+    ("overflow_stop", "overflow: SIGSTOP for this long, s (8)"),
+    ("decode_records", "decode: records (500000)"),
+    ("decode_repeat", "decode: repetitions (5)"),
+    ("replay_events", "replay: trace events (1000000)"),
+    ("soak_seconds", "soak: length, s (600: the full soak)"),
+    (
+        "soak_exits",
+        "soak: which storms, comma-separated: mixed (exit codes i & 0xff, failures whose "
+        "verdicts are kept: the heavier) and/or zero (clean exits) (mixed)",
+    ),
+    ("soak_rate", "soak: exits/s (1000)"),
+    ("gpuhold_runs", "gpuhold: recordings of one program failing at once (20)"),
+    ("gpuhold_storm", "gpuhold: programs in the fork storm (200)"),
+    ("agent_idle", "agent: idle window, s (60)"),
+    ("agent_paced", "agent: paced run length, s (10)"),
+    ("agent_rate", "agent: paced clean exits/s in a child cgroup (1000)"),
+    ("agent_storm", "agent: length of the unpaced storm mixed with failures, s (10)"),
+    ("agent_fatal", "agent: processes killed by a fatal signal during the storm (20)"),
+    ("agent_ooms", "agent: cgroup OOM kills during the storm (5)"),
+    ("agent_kills", "agent: OOM kills timed to /metrics and history (50)"),
+    ("agent_oom_limit_mib", "agent: memory limit of the OOM kills' cgroup, MiB (16)"),
+    ("agent_soak", "agent: RSS soak length, s (180; the issue's full soak: 1800)"),
+    (
+        "agent_soak_rate",
+        "agent: paced exits/s during the soak, mixed codes in a child cgroup (200)",
+    ),
+)
+
+
 def _parser() -> argparse.ArgumentParser:
     d = Options()
     ap = argparse.ArgumentParser(
@@ -149,138 +187,11 @@ def _parser() -> argparse.ArgumentParser:
         "BPF time per exit in the storm section (perturbs a little)",
     )
     g = ap.add_argument_group("section options")
-    g.add_argument(
-        "--sig-rate",
-        type=float,
-        default=d.sig_rate,
-        help="signals: paced rate for the sustained run, /s (50000; 0: skip it)",
-    )
-    g.add_argument(
-        "--reclaim-limit-mib",
-        type=int,
-        default=d.reclaim_limit_mib,
-        help="reclaim: cgroup limit, MiB (64)",
-    )
-    g.add_argument(
-        "--reclaim-file-mib",
-        type=int,
-        default=d.reclaim_file_mib,
-        help="reclaim: file size, MiB (256)",
-    )
-    g.add_argument(
-        "--reclaim-dir",
-        default=d.reclaim_dir,
-        help="reclaim: where the file goes, on disk (/var/tmp)",
-    )
-    g.add_argument(
-        "--overflow-seconds",
-        type=float,
-        default=d.overflow_seconds,
-        help="overflow: storm length, s (12)",
-    )
-    g.add_argument(
-        "--overflow-at",
-        type=float,
-        default=d.overflow_at,
-        help="overflow: SIGSTOP this far in, s (1)",
-    )
-    g.add_argument(
-        "--overflow-stop",
-        type=float,
-        default=d.overflow_stop,
-        help="overflow: SIGSTOP for this long, s (8)",
-    )
-    g.add_argument(
-        "--decode-records", type=int, default=d.decode_records, help="decode: records (500000)"
-    )
-    g.add_argument(
-        "--decode-repeat", type=int, default=d.decode_repeat, help="decode: repetitions (5)"
-    )
-    g.add_argument(
-        "--replay-events",
-        type=int,
-        default=d.replay_events,
-        help="replay: trace events (1000000)",
-    )
-    g.add_argument(
-        "--soak-seconds",
-        type=float,
-        default=d.soak_seconds,
-        help="soak: length, s (600: the full soak)",
-    )
-    g.add_argument(
-        "--soak-exits",
-        default=d.soak_exits,
-        help="soak: which storms, comma-separated: mixed (exit codes i & 0xff, failures whose "
-        "verdicts are kept: the heavier) and/or zero (clean exits) (mixed)",
-    )
-    g.add_argument("--soak-rate", type=float, default=d.soak_rate, help="soak: exits/s (1000)")
-    g.add_argument(
-        "--gpuhold-runs",
-        type=int,
-        default=d.gpuhold_runs,
-        help="gpuhold: recordings of one program failing at once (20)",
-    )
-    g.add_argument(
-        "--gpuhold-storm",
-        type=int,
-        default=d.gpuhold_storm,
-        help="gpuhold: programs in the fork storm (200)",
-    )
-    g.add_argument(
-        "--agent-idle", type=float, default=d.agent_idle, help="agent: idle window, s (60)"
-    )
-    g.add_argument(
-        "--agent-paced", type=float, default=d.agent_paced, help="agent: paced run length, s (10)"
-    )
-    g.add_argument(
-        "--agent-rate",
-        type=float,
-        default=d.agent_rate,
-        help="agent: paced clean exits/s in a child cgroup (1000)",
-    )
-    g.add_argument(
-        "--agent-storm",
-        type=float,
-        default=d.agent_storm,
-        help="agent: length of the unpaced storm mixed with failures, s (10)",
-    )
-    g.add_argument(
-        "--agent-fatal",
-        type=int,
-        default=d.agent_fatal,
-        help="agent: processes killed by a fatal signal during the storm (20)",
-    )
-    g.add_argument(
-        "--agent-ooms",
-        type=int,
-        default=d.agent_ooms,
-        help="agent: cgroup OOM kills during the storm (5)",
-    )
-    g.add_argument(
-        "--agent-kills",
-        type=int,
-        default=d.agent_kills,
-        help="agent: OOM kills timed to /metrics and history (50)",
-    )
-    g.add_argument(
-        "--agent-oom-limit-mib",
-        type=int,
-        default=d.agent_oom_limit_mib,
-        help="agent: memory limit of the OOM kills' cgroup, MiB (16)",
-    )
-    g.add_argument(
-        "--agent-soak",
-        type=float,
-        default=d.agent_soak,
-        help="agent: RSS soak length, s (180; the issue's full soak: 1800)",
-    )
-    g.add_argument(
-        "--agent-soak-rate",
-        type=float,
-        default=d.agent_soak_rate,
-        help="agent: paced exits/s during the soak, mixed codes in a child cgroup (200)",
-    )
+    for name, text in SECTION_OPTIONS:
+        default = getattr(d, name)
+        g.add_argument(
+            "--" + name.replace("_", "-"), type=type(default), default=default, help=text
+        )
     ap.add_argument("--keep-tmp", action="store_true", help="keep the temp dir (its path is shown)")
     return ap
 

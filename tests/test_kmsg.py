@@ -326,136 +326,113 @@ GROUP_CG = (
 LEGACY_CG = "/docker/8c5d2e7f1a3b4c6d8e0f1a2b3c4d5e6f7a8b9c0d1e2f3a4b5c6d7e8f9a0b1c2d"
 
 
-def test_report_memcg_v1_6x() -> None:
+def victim(
+    ts: int,
+    pid: int,
+    comm: str,
+    constraint: str,
+    oom_memcg: str,
+    task_memcg: str,
+    kb: tuple[int, int, int, int],
+    oom_score_adj: int | None,
+    memcg: bool,
+) -> KmsgOom:
+    """An expected victim; ``kb``: total-vm, anon-rss, file-rss, shmem-rss."""
+    vm, anon, file, shmem = kb
+    return KmsgOom(
+        ts=ts,
+        victim_pid=pid,
+        victim_comm=comm,
+        constraint=constraint,
+        oom_memcg=oom_memcg,
+        task_memcg=task_memcg,
+        total_vm_kb=vm,
+        anon_rss_kb=anon,
+        file_rss_kb=file,
+        shmem_rss_kb=shmem,
+        oom_score_adj=oom_score_adj,
+        memcg=memcg,
+    )
+
+
+GLOBAL_TASK = (
+    "/system.slice/docker-5e0f2a1b3c4d5e6f7a8b9c0d1e2f3a4b5c6d7e8f9a0b1c2d3e4f5a6b7c8d9e0f.scope"
+)
+MEMCG = "CONSTRAINT_MEMCG"
+
+# Each fixture report: the victims the assembler must make of it, then what it keeps of the
+# report (the memory counter's usage/limit/failcnt, the task that invoked the OOM killer, the
+# memory.oom.group path).
+REPORTS = [
+    pytest.param(
+        "memcg_v1_6x.txt",
+        [victim(5123457938000, 48211, "python3", MEMCG, V1_CG, V1_CG,
+                (1248980, 1043808, 2232, 0), 0, True)],
+        # "memory+swap:" and "kmem:" lines must not overwrite the memory counter
+        (1048576, 1048576, 2841), "python3", None,
+        id="memcg_v1_6x",
+    ),
+    pytest.param(
+        "memcg_v2_nested_6x.txt",
+        [victim(914302118604000, 2231904, "python", MEMCG, V2_POD, V2_CTR,
+                (38129876, 2079840, 71036, 4), 937, True)],
+        (2097152, 2097152, 1843), "pt_main_thread", None,
+        id="memcg_v2_nested_6x",
+    ),
+    pytest.param(
+        "global_6x.txt",
+        [victim(2210875344136000, 90211, "tritonserver", "CONSTRAINT_NONE", "", GLOBAL_TASK,
+                (145675292, 128987740, 125912, 0), 0, False)],
+        None, "tritonserver", None,  # a global OOM's report clears the earlier usage
+        id="global_6x",
+    ),
+    pytest.param(
+        "oom_group_6x.txt",
+        # The first victim has its own summary; the members' cgroups are not printed. 51230 is
+        # printed again by the group loop and reported once.
+        [
+            victim(77120559031000, 51230, "gunicorn", MEMCG, GROUP_CG, GROUP_CG,
+                   (302068, 277164, 1440, 0), 992, True),
+            victim(77120559063000, 51188, "gunicorn", MEMCG, GROUP_CG, "",
+                   (33564, 20672, 1416, 0), 992, True),
+            victim(77120559093000, 51231, "gunicorn", MEMCG, GROUP_CG, "",
+                   (249748, 215404, 1440, 0), 992, True),
+        ],
+        (524288, 524288, 96), "gunicorn", GROUP_CG,
+        id="oom_group_6x",
+    ),
+    pytest.param(
+        "memcg_v1_4_9_legacy.txt",
+        # no constraint before 4.19; oom_memcg from "Task in .. killed as a result of limit of
+        # .."; memcg from the "Kill process" line's prefix; no oom_score_adj printed
+        [victim(8341868810000, 3021, "python", "", LEGACY_CG, LEGACY_CG,
+                (568468, 521044, 1372, 0), None, True)],
+        (524288, 524288, 1052), "python", None,
+        id="memcg_v1_4_9_legacy",
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("fixture", "victims", "usage", "trigger", "group"), REPORTS)
+def test_full_report(
+    fixture: str,
+    victims: list[KmsgOom],
+    usage: tuple[int, int, int] | None,
+    trigger: str,
+    group: str | None,
+) -> None:
     asm = OomAssembler()
-    events = assemble(load_records("memcg_v1_6x.txt"), asm)
-    assert events == [
-        KmsgOom(
-            ts=5123457938000,
-            victim_pid=48211,
-            victim_comm="python3",
-            constraint="CONSTRAINT_MEMCG",
-            oom_memcg=V1_CG,
-            task_memcg=V1_CG,
-            total_vm_kb=1248980,
-            anon_rss_kb=1043808,
-            file_rss_kb=2232,
-            shmem_rss_kb=0,
-            oom_score_adj=0,
-            memcg=True,
-        )
-    ]
-    # "memory+swap:" and "kmem:" lines must not overwrite the memory counter.
-    assert asm.last_memcg_usage == (1048576, 1048576, 2841)
-    assert asm.last_trigger_comm == "python3"
-    assert asm.last_oom_group is None
+    asm.last_memcg_usage = (1, 2, 3)  # from an earlier report: a new report sets or clears it
+    assert assemble(load_records(fixture), asm) == victims
+    assert asm.last_memcg_usage == usage
+    assert asm.last_trigger_comm == trigger
+    assert asm.last_oom_group == group
 
 
-def test_report_memcg_v2_nested_6x() -> None:
-    asm = OomAssembler()
-    events = assemble(load_records("memcg_v2_nested_6x.txt"), asm)
-    assert events == [
-        KmsgOom(
-            ts=914302118604000,
-            victim_pid=2231904,
-            victim_comm="python",
-            constraint="CONSTRAINT_MEMCG",
-            oom_memcg=V2_POD,
-            task_memcg=V2_CTR,
-            total_vm_kb=38129876,
-            anon_rss_kb=2079840,
-            file_rss_kb=71036,
-            shmem_rss_kb=4,
-            oom_score_adj=937,
-            memcg=True,
-        )
-    ]
-    assert asm.last_memcg_usage == (2097152, 2097152, 1843)
-    assert asm.last_trigger_comm == "pt_main_thread"
-
-
-def test_report_global_6x() -> None:
+def test_report_escapes_survive_parsing() -> None:
     records = load_records("global_6x.txt")
     mem_info = next(r for r in records if r.message.startswith("active_anon:"))
     assert "\\x0a" in mem_info.message  # the kernel's escape survives parsing
-    asm = OomAssembler()
-    asm.last_memcg_usage = (1, 2, 3)  # from an earlier report: a new report clears it
-    events = assemble(records, asm)
-    assert events == [
-        KmsgOom(
-            ts=2210875344136000,
-            victim_pid=90211,
-            victim_comm="tritonserver",
-            constraint="CONSTRAINT_NONE",
-            oom_memcg="",
-            task_memcg=(
-                "/system.slice/"
-                "docker-5e0f2a1b3c4d5e6f7a8b9c0d1e2f3a4b5c6d7e8f9a0b1c2d3e4f5a6b7c8d9e0f.scope"
-            ),
-            total_vm_kb=145675292,
-            anon_rss_kb=128987740,
-            file_rss_kb=125912,
-            shmem_rss_kb=0,
-            oom_score_adj=0,
-            memcg=False,
-        )
-    ]
-    assert asm.last_memcg_usage is None
-    assert asm.last_trigger_comm == "tritonserver"
-
-
-def test_report_oom_group_6x() -> None:
-    asm = OomAssembler()
-    events = assemble(load_records("oom_group_6x.txt"), asm)
-
-    def member(ts: int, pid: int, vm: int, anon: int, file: int, task_memcg: str) -> KmsgOom:
-        return KmsgOom(
-            ts=ts,
-            victim_pid=pid,
-            victim_comm="gunicorn",
-            constraint="CONSTRAINT_MEMCG",
-            oom_memcg=GROUP_CG,
-            task_memcg=task_memcg,
-            total_vm_kb=vm,
-            anon_rss_kb=anon,
-            file_rss_kb=file,
-            shmem_rss_kb=0,
-            oom_score_adj=992,
-            memcg=True,
-        )
-
-    # The first victim has its own summary; the members' cgroups are not printed. 51230 is
-    # printed again by the group loop and reported once.
-    assert events == [
-        member(77120559031000, 51230, 302068, 277164, 1440, GROUP_CG),
-        member(77120559063000, 51188, 33564, 20672, 1416, ""),
-        member(77120559093000, 51231, 249748, 215404, 1440, ""),
-    ]
-    assert asm.last_oom_group == GROUP_CG
-    assert asm.last_memcg_usage == (524288, 524288, 96)
-    assert asm.last_trigger_comm == "gunicorn"
-
-
-def test_report_legacy_4_9() -> None:
-    asm = OomAssembler()
-    events = assemble(load_records("memcg_v1_4_9_legacy.txt"), asm)
-    assert events == [
-        KmsgOom(
-            ts=8341868810000,
-            victim_pid=3021,
-            victim_comm="python",
-            constraint="",  # not printed before 4.19
-            oom_memcg=LEGACY_CG,  # from "Task in .. killed as a result of limit of .."
-            task_memcg=LEGACY_CG,
-            total_vm_kb=568468,
-            anon_rss_kb=521044,
-            file_rss_kb=1372,
-            shmem_rss_kb=0,
-            oom_score_adj=None,
-            memcg=True,  # from the "Kill process" line's prefix
-        )
-    ]
-    assert asm.last_memcg_usage == (524288, 524288, 1052)
 
 
 def test_fixtures_back_to_back_stay_separate() -> None:
