@@ -83,6 +83,17 @@ def check_library(events: list[Event], pid: int) -> None:
     assert probed == set(gpuhooks.PROGRAMS) - {"cuCtxCreate_v4"}
 
 
+def failed_exit(events: list[Event], first_call: str) -> Exit:
+    """The program's exit: status 2 where ``first_call`` failed for want of a device (a
+    machine with a GPU skips), its process's library probed."""
+    [ex] = of(Exit, events)
+    if ex.wait.code == 0:
+        pytest.skip(f"this machine has a GPU: {first_call} succeeded")
+    assert ex.wait.code == 2
+    check_library(events, ex.pid)
+    return ex
+
+
 @pytest.mark.root
 @needs_gcc
 def test_a_driver_program_s_failing_calls_are_caught_with_their_codes(
@@ -91,11 +102,7 @@ def test_a_driver_program_s_failing_calls_are_caught_with_their_codes(
     assert LIBCUDA_DIR is not None
     program = build.driver_api(tmp_path, LIBCUDA_DIR)
     res, events = record(tmp_path, monkeypatch, program, str(LIBCUDA_DIR))
-    [ex] = of(Exit, events)
-    if ex.wait.code == 0:
-        pytest.skip("this machine has a GPU: cuInit succeeded")
-    assert ex.wait.code == 2
-    check_library(events, ex.pid)
+    ex = failed_exit(events, "cuInit")
     fails = of(GpuCallFailure, events)
     calls = [(c.function, c.result, c.requested_bytes, c.failures) for c in fails]
     assert calls == [
@@ -127,11 +134,7 @@ def test_the_real_cuda_runtime_reaching_the_real_driver_is_caught(
     program = build.runtime_api(tmp_path, cudart)
     # libcudart dlopens libcuda.so.1 by name: the loader finds the real one here
     res, events = record(tmp_path, monkeypatch, program, f"{cudart}{os.pathsep}{LIBCUDA_DIR}")
-    [ex] = of(Exit, events)
-    if ex.wait.code == 0:
-        pytest.skip("this machine has a GPU: cudaMalloc succeeded")
-    assert ex.wait.code == 2
-    check_library(events, ex.pid)
+    ex = failed_exit(events, "cudaMalloc")
     calls = of(GpuCallFailure, events)
     # the runtime initialises the driver once, through the entry point cuGetProcAddress gave
     # it, and gives up before any allocation reaches the driver

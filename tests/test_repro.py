@@ -179,17 +179,18 @@ def _run(
     return r
 
 
+def _comparison(*runs: RunResult, kind: str = MEMORY_MAX, cgroup_version: int = 1) -> Comparison:
+    """A comparison of ``runs`` (the plan's settings are theirs), under parent cgroup /p."""
+    plan = Plan(kind=kind, settings=[r.setting for r in runs], command=["x"], out_dir="d")
+    return Comparison(plan, list(runs), cgroup_version=cgroup_version, parent_cgroup="/p")
+
+
 def test_comparison_table_and_json() -> None:
-    plan = Plan(kind=MEMORY_MAX, settings=[], command=["x"], out_dir="d")
-    c = Comparison(
-        plan,
-        [
-            _run(1, "32M", 32 * MiB, KILLED, 32 * MiB, "cgroup_oom"),
-            _run(2, "256M", 256 * MiB, SURVIVED, 100 * MiB, "app_exit"),
-            _run(3, "1G", 1024 * MiB, SURVIVED, 101 * MiB, "app_exit"),
-        ],
+    c = _comparison(
+        _run(1, "32M", 32 * MiB, KILLED, 32 * MiB, "cgroup_oom"),
+        _run(2, "256M", 256 * MiB, SURVIVED, 100 * MiB, "app_exit"),
+        _run(3, "1G", 1024 * MiB, SURVIVED, 101 * MiB, "app_exit"),
         cgroup_version=2,
-        parent_cgroup="/p",
     )
     c.check_monotonic()
     assert c.warnings == []
@@ -223,20 +224,14 @@ def test_comparison_table_and_json() -> None:
 
 
 def test_comparison_flags_noisy_runs() -> None:
-    plan = Plan(kind=MEMORY_MAX, settings=[], command=["x"], out_dir="d")
-    c = Comparison(
-        plan,
-        [
-            _run(1, "64M", 64 * MiB, SURVIVED, 60 * MiB, "app_exit"),
-            _run(2, "128M", 128 * MiB, KILLED, 128 * MiB, "cgroup_oom"),
-        ],
-        cgroup_version=1,
-        parent_cgroup="/p",
+    c = _comparison(
+        _run(1, "64M", 64 * MiB, SURVIVED, 60 * MiB, "app_exit"),
+        _run(2, "128M", 128 * MiB, KILLED, 128 * MiB, "cgroup_oom"),
     )
     c.check_monotonic()
     assert len(c.warnings) == 1 and "128M did not survive although 64M did" in c.warnings[0]
     assert "smallest memory.limit_in_bytes that survived: 64M" in c.table()
-    empty = Comparison(plan, [c.runs[1]], cgroup_version=1, parent_cgroup="/p")
+    empty = _comparison(c.runs[1])
     assert "no memory.limit_in_bytes survived every run" in empty.table()
     assert empty.to_json()["smallest_surviving"] is None
 
@@ -353,11 +348,6 @@ def test_probe_results_are_in_the_runs_trace_which_replays_to_the_printed_verdic
 
 
 # -- the conclusion, from the verdicts (issue 22, finding 1) ------------------------------------
-
-
-def _comparison(*runs: RunResult, kind: str = MEMORY_MAX) -> Comparison:
-    plan = Plan(kind=kind, settings=[r.setting for r in runs], command=["x"], out_dir="d")
-    return Comparison(plan, list(runs), cgroup_version=1, parent_cgroup="/p")
 
 
 def test_all_survived_names_the_smallest() -> None:

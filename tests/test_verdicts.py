@@ -716,26 +716,26 @@ def test_probe_kill_after_failing_probes_with_stall_context() -> None:
     assert sum("probe" in what for _, what in v.evidence) == 3
 
 
-def test_a_stop_with_healthy_probes_is_a_signal_kill_by_the_supervisor() -> None:
+@pytest.mark.parametrize(
+    ("probes_ok", "sig", "sender", "role"),
+    [
+        # a stop by the runtime while its probes were healthy
+        (True, signal.SIGTERM, "conmon", "supervisor"),
+        # a manual kill while the probes were failing
+        (False, signal.SIGKILL, "bash", "other"),
+    ],
+)
+def test_a_kill_without_both_failing_probes_and_a_supervisor_is_not_a_probe_kill(
+    probes_ok: bool, sig: int, sender: str, role: str
+) -> None:
     v = one(
         *container_stream(100, 0.0),
-        probe(1.0, True),
-        probe(2.0, True),
-        sent(3.0, 400, 100, signal.SIGTERM, comm="conmon"),
-        killed(3.0, 100, signal.SIGTERM, cg=50),
+        probe(1.0, probes_ok),
+        probe(2.0, probes_ok),
+        sent(3.0, 400, 100, sig, comm=sender),
+        killed(3.0, 100, sig, cg=50),
     )
-    assert (v.cause, v.sender_role) == ("signal_kill", "supervisor")
-
-
-def test_a_manual_kill_during_failing_probes_is_not_a_probe_kill() -> None:
-    v = one(
-        *container_stream(100, 0.0),
-        probe(1.0, False),
-        probe(2.0, False),
-        sent(3.0, 400, 100, signal.SIGKILL, comm="bash"),
-        killed(3.0, 100, signal.SIGKILL, cg=50),
-    )
-    assert (v.cause, v.sender_role) == ("signal_kill", "other")
+    assert (v.cause, v.sender_role) == ("signal_kill", role)
 
 
 def test_supervisord_programs_are_units_and_their_restarts_link() -> None:
