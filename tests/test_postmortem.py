@@ -265,27 +265,35 @@ def test_counter_vouches_only_for_the_newest_kills() -> None:
     assert [(v.pid, v.confidence) for v in verdicts] == [(77, "medium"), (78, "high")]
 
 
-def test_counter_without_the_log_line_is_medium() -> None:
-    # a systemd unit: killed by signal 9, no OOM report left, its cgroup's counter reads 1
-    path = "/system.slice/model.service"
-    unit = ContainerInfo(
+def killed_unit(
+    cgroup_path: str, restarts: int, oom_killed: bool | None, exit_pid: int, finished_ns: int
+) -> ContainerInfo:
+    """systemctl show of model.service after its main process was killed by signal 9
+    (ExecMainCode=2, ExecMainStatus=9; started at 400 s, monotonic times), restarting."""
+    return ContainerInfo(
         runtime="systemd",
         id="model.service",
         name="model.service",
-        cgroup_path=path,
+        cgroup_path=cgroup_path,
         pid=0,
-        restart_count=1,
+        restart_count=restarts,
         restart_policy="on-failure",
         healthcheck=None,
         image="",
         state="activating",
-        oom_killed=None,
+        oom_killed=oom_killed,
         exit_code=137,
-        exit_pid=5150,
+        exit_pid=exit_pid,
         started_ns=400 * S + MONO,
-        finished_ns=450 * S + MONO,
+        finished_ns=finished_ns,
         times_clock="monotonic",
     )
+
+
+def test_counter_without_the_log_line_is_medium() -> None:
+    # a systemd unit: killed by signal 9, no OOM report left, its cgroup's counter reads 1
+    path = "/system.slice/model.service"
+    unit = killed_unit(path, 1, None, 5150, 450 * S + MONO)
     cg = CgroupNow(path, 99, exists=True, limit_bytes=512 * MiB, events={"oom_kill": 1})
     f = facts(
         read_kernel_log([], MONO),
@@ -529,24 +537,7 @@ class FakeSystemd(FakeRuntime):
 def test_unit_oom_kill_from_systemd_and_the_kernel_log(tmp_path: Path) -> None:
     # systemctl show: ExecMainCode=2 (killed) ExecMainStatus=9, pid kept, monotonic times;
     # the kernel log's report names the unit's cgroup: two sources
-    unit = ContainerInfo(
-        runtime="systemd",
-        id="model.service",
-        name="model.service",
-        cgroup_path="/test/hog",
-        pid=0,
-        restart_count=4,
-        restart_policy="on-failure",
-        healthcheck=None,
-        image="",
-        state="activating",
-        oom_killed=True,  # Result=oom-kill
-        exit_code=137,
-        exit_pid=77,
-        started_ns=400 * S + MONO,
-        finished_ns=int(500.2 * S) + MONO,
-        times_clock="monotonic",
-    )
+    unit = killed_unit("/test/hog", 4, True, 77, int(500.2 * S) + MONO)  # Result=oom-kill
     kmsg = records(oom_records(1, 500.0, 77, "/test/hog", limit_kb=32768))
     w = world(tmp_path, kmsg, {})
     w.systemd = FakeSystemd({"model": unit})
