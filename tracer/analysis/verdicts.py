@@ -24,6 +24,7 @@ from __future__ import annotations
 import operator
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
+from signal import SIGKILL
 from typing import Any
 
 from tracer.analysis import rules
@@ -391,8 +392,15 @@ class Analyzer:
 
     def _judge_complete_ooms(self) -> list[Verdict]:
         """Judge now the pending OOM-killed exits whose evidence is complete (``early_oom``)."""
-        ev = self.ev
-        done = [p for p in self._pending if rules.oom_evidence_complete(p[2], ev)]
+        ev, complete = self.ev, rules.oom_evidence_complete
+        by_pid = ev.by_pid
+        # (every round, over a second of pending exits, thousands in an exit storm: the raw
+        # status and the pid's evidence first, cheap tests that nearly every one fails)
+        done = [
+            p
+            for p in self._pending
+            if p[2].status & 0x7F == SIGKILL and p[1] in by_pid and complete(p[2], ev)
+        ]
         if not done:
             return []
         judged = {id(p) for p in done}
