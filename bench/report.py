@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from bench.options import Options
-from bench.records import Run
+from bench.records import Run, Summary
 
 T = TypeVar("T")
 
@@ -31,6 +31,31 @@ def ok_runs(runs: list[Run], v: str) -> tuple[list[Run], list[str]]:
         [r for r in mine if "work" in r and "error" not in r],
         [r["error"] for r in mine if "error" in r],
     )
+
+
+def usable_variants(
+    variants: Sequence[str],
+    runs: list[Run],
+    skipped: dict[str, str],
+    lines: list[str],
+    summary: dict[str, Summary],
+    columns: int,
+) -> Iterator[tuple[str, list[Run], list[str]]]:
+    """Each variant with runs that worked, with them and the errors of the others. A variant
+    that was skipped, or whose every run failed, gets its table row here (the reason, then
+    empty cells up to ``columns``) and its summary, and is not yielded."""
+    for v in variants:
+        if v in skipped:
+            reason: str = skipped[v]
+            summary[v] = {"skipped": reason}
+        else:
+            ok, errs = ok_runs(runs, v)
+            if ok:
+                yield v, ok, errs
+                continue
+            reason = f"failed: {(errs or ['no run'])[0][:80]}"
+            summary[v] = {"failed": errs}
+        lines.append(f"| {v} | {reason} |" + " |" * (columns - 2))
 
 
 def slowdown(runs: list[Run], ok: list[Run]) -> float | None:

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from bench.options import SECTIONS, parse_args
-from bench.records import Run, Work
-from bench.report import median_run, rss_growth, slowdown
+from bench.records import Run, Summary, Work
+from bench.report import median_run, rss_growth, slowdown, usable_variants
 from bench.tools import Bpftrace, Exitsnoop, Sigsnoop, Whyrestart
 from tracer.errors import TraceFileError
 from tracer.events import Event, Exit, Fork, Lost, ReclaimSummary, Signal
@@ -189,6 +189,29 @@ def test_slowdown_is_the_median_of_same_round_ratios() -> None:
     assert slowdown(runs + tool, tool) == 2.0  # ratios 2.0, 2.0, 1.25
     assert slowdown(tool, tool) is None  # no bare run: no slowdown
     assert median_run([3.0, 1.0, 2.0, 4.0], float) == 2.0  # the lower middle one
+
+
+def test_a_skipped_or_failed_variant_gets_its_row_and_summary_only() -> None:
+    runs: list[Run] = [
+        {"variant": "bare", "round": 1, "work": {"per_s": 10.0}},
+        {"variant": "bpftrace", "round": 1, "error": "bpftrace died"},
+    ]
+    lines: list[str] = []
+    summary: dict[str, Summary] = {}
+    skipped = {"exitsnoop": "not installed"}
+    variants = ["bare", "bpftrace", "exitsnoop", "whyrestart"]
+    got = list(usable_variants(variants, runs, skipped, lines, summary, 4))
+    assert got == [("bare", [runs[0]], [])]
+    assert lines == [
+        "| bpftrace | failed: bpftrace died | | |",
+        "| exitsnoop | not installed | | |",
+        "| whyrestart | failed: no run | | |",
+    ]
+    assert summary == {
+        "bpftrace": {"failed": ["bpftrace died"]},
+        "exitsnoop": {"skipped": "not installed"},
+        "whyrestart": {"failed": []},
+    }
 
 
 def test_command_line() -> None:

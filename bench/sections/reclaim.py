@@ -8,7 +8,16 @@ from pathlib import Path
 
 from bench.options import MiB, Options
 from bench.records import Section, Summary
-from bench.report import fmt, med, method_lines, ok_runs, slow_str, slowdown, tool_notes, vmhwm_mib
+from bench.report import (
+    fmt,
+    med,
+    method_lines,
+    slow_str,
+    slowdown,
+    tool_notes,
+    usable_variants,
+    vmhwm_mib,
+)
 from bench.runner import Context, round_robin, tool_setup
 from bench.tools import BPFTRACE_RECLAIM_PROG
 from bench.workloads import ReclaimWork, memory_version
@@ -89,16 +98,7 @@ def run(opts: Options, tmp: Path, ctx: Context) -> Section:
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     summary: dict[str, Summary] = {}
-    for v in variants:
-        if v in skipped:
-            lines.append(f"| {v} | {skipped[v]} | | | | | | | | |")
-            summary[v] = {"skipped": skipped[v]}
-            continue
-        ok, errs = ok_runs(runs, v)
-        if not ok:
-            lines.append(f"| {v} | failed: {(errs or ['no run'])[0][:80]} | | | | | | | | |")
-            summary[v] = {"failed": errs}
-            continue
+    for v, ok, errs in usable_variants(variants, runs, skipped, lines, summary, 10):
         fails = [r["work"]["failcnt"] for r in ok if r["work"].get("failcnt") is not None]
         s: Summary = {
             "runs": len(ok),

@@ -7,7 +7,17 @@ from pathlib import Path
 
 from bench.options import Options
 from bench.records import Run, Section, Summary
-from bench.report import fmt, med, method_lines, ok_runs, slow_str, slowdown, tool_notes, vmhwm_mib
+from bench.report import (
+    fmt,
+    med,
+    method_lines,
+    ok_runs,
+    slow_str,
+    slowdown,
+    tool_notes,
+    usable_variants,
+    vmhwm_mib,
+)
 from bench.runner import Context, round_robin, tool_setup
 from bench.tools import BPFTRACE_SIG_PROG
 from bench.workloads import SigWork
@@ -54,16 +64,7 @@ def run(opts: Options, tmp: Path, ctx: Context) -> Section:
         "|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     summary: dict[str, Summary] = {}
-    for v in variants:
-        if v in skipped:
-            lines.append(f"| {v} | {skipped[v]} | | | | | | | |")
-            summary[v] = {"skipped": skipped[v]}
-            continue
-        ok, errs = ok_runs(runs, v)
-        if not ok:
-            lines.append(f"| {v} | failed: {(errs or ['no run'])[0][:80]} | | | | | | | |")
-            summary[v] = {"failed": errs}
-            continue
+    for v, ok, errs in usable_variants(variants, runs, skipped, lines, summary, 9):
         s = sig_summary(runs, ok)
         summary[v] = s
         us = fmt(s["workload_cpu_us_per_signal"], ".2f")

@@ -8,7 +8,16 @@ from pathlib import Path
 
 from bench.options import Options
 from bench.records import Run, Section, Summary
-from bench.report import fmt, med, method_lines, ok_runs, slow_str, slowdown, tool_notes, vmhwm_mib
+from bench.report import (
+    fmt,
+    med,
+    method_lines,
+    slow_str,
+    slowdown,
+    tool_notes,
+    usable_variants,
+    vmhwm_mib,
+)
 from bench.runner import Context, round_robin, tool_setup
 from bench.workloads import StormWork
 
@@ -68,17 +77,7 @@ def report(
         "|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     summary: dict[str, Summary] = {}
-    for v in variants:
-        if v in skipped:
-            lines.append(f"| {v} | {skipped[v]} | | | | | | |")
-            summary[v] = {"skipped": skipped[v]}
-            continue
-        ok, errs = ok_runs(runs, v)
-        if not ok:
-            msg = f"failed: {errs[0][:80]}" if errs else "no run"
-            lines.append(f"| {v} | {msg} | | | | | | |")
-            summary[v] = {"failed": errs}
-            continue
+    for v, ok, errs in usable_variants(variants, runs, skipped, lines, summary, 8):
         rate = med([r["work"]["exits_per_s"] for r in ok])
         slow = slowdown(runs, ok)
         exits = sum(r["work"]["exits"] for r in ok)
