@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from types import SimpleNamespace
+
+import pytest
 
 from tracer.events import Event, Exit, GpuXid, Lost, ProbeSample
 from tracer.merge import DEFAULT_WINDOW_NS
 from tracer.parse.kmsg import KmsgRecord
+from tracer.pipeline import sources
 from tracer.pipeline.core import HeaderPart, Pipeline, header_parts
 from tracer.pipeline.sources import KmsgSource, ProbeResultsSource
 from tracer.sources.kmsg import KmsgReader
@@ -256,3 +260,47 @@ def test_kernel_log_source_without_a_kernel_log_warns_and_claims_no_rung() -> No
     assert src.warnings() == [
         "kernel log unavailable (no /dev/kmsg here): OOM reports come from BPF only"
     ]
+
+
+def test_the_ring_waits_longer_once_quiet_and_not_once_a_record_comes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The agent's idle wait: after IDLE_POLLS empty polls the ring waits idle_wait_ms; one
+    record brings the short wait back; behind, it does not wait at all."""
+    waits: list[int] = []
+    batches: list[list[Event]] = []
+
+    class Ring:
+        full = False
+
+        def __init__(self, _events: object) -> None:
+            pass
+
+        def drain(self, wait_ms: int) -> list[Event]:
+            waits.append(wait_ms)
+            return batches.pop(0) if batches else []
+
+    class Decoder:
+        def __init__(self, page_size: int) -> None:
+            pass
+
+        def decode_batch(self, raws: list[Event]) -> list[Event]:
+            return raws
+
+    monkeypatch.setattr(sources, "RingBuffer", Ring)
+    monkeypatch.setattr(sources, "Decoder", Decoder)
+    ring = sources.RingSource(
+        SimpleNamespace(events=None),  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        (),
+        wait_ms=100,
+        idle_wait_ms=500,
+    )
+    for _ in range(sources.IDLE_POLLS + 2):
+        ring.poll(0, False)
+    assert waits == [100] * sources.IDLE_POLLS + [500, 500]
+    batches.append([_exit(1, 1)])
+    ring.poll(0, False)  # (waited 500: the record ends it)
+    ring.poll(0, False)
+    ring.poll(0, True)
+    assert waits[-3:] == [500, 100, 0]

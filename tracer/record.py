@@ -212,6 +212,7 @@ class Recorder:
         reload: Callable[[], None] | None = None,
         agent_filter: bool = False,
         poll_ms: int = POLL_MS,
+        idle_poll_ms: int | None = None,
     ) -> None:
         self.overwrite = overwrite
         # SIGHUP: with ``reload`` (the agent), call it from the loop instead of stopping
@@ -221,6 +222,7 @@ class Recorder:
         # how long a loop step waits for the ring (bulk records are sent without a wake-up;
         # urgent ones, an OOM kill, wake it at once)
         self.poll_ms = poll_ms
+        self.idle_poll_ms = idle_poll_ms
         self.kernel: hooks.KernelHooks | None = None
         self._reload_pending = False
         self._guard: selfguard.Guard | None = None
@@ -326,7 +328,13 @@ class Recorder:
         sampler_source = SamplerSource(samplers, cg_layout.memory_version)
         opened: list[Source] = [sampler_source]  # closed again if the set-up fails half-way
         try:
-            ring = RingSource(kernel, attached, hooks.ENRICHING, wait_ms=self.poll_ms)
+            ring = RingSource(
+                kernel,
+                attached,
+                hooks.ENRICHING,
+                wait_ms=self.poll_ms,
+                idle_wait_ms=self.idle_poll_ms,
+            )
             opened.append(ring)
             kmsg = KmsgSource(watch.wants_kmsg)
             opened.append(kmsg)

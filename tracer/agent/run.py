@@ -39,6 +39,7 @@ from tracer.trace.format import TraceFooter
 
 HOUSEKEEPING_S = 5.0
 AGENT_POLL_MS = 100
+AGENT_IDLE_POLL_MS = 500
 MAX_UNIT_PATHS = 65536
 AGENT_SAMPLE_INTERVAL_NS = 1_000_000_000
 DEFAULT_MAX_DISK = 1 << 30
@@ -130,6 +131,7 @@ class Agent:
                 # an always-on agent needs no 10 ms reaction (an OOM kill wakes it at once) nor
                 # 10 samples a second of every cgroup: a tenth of the wake-ups and samples
                 poll_ms=AGENT_POLL_MS,
+                idle_poll_ms=AGENT_IDLE_POLL_MS,  # (and half a second once quiet for a second)
                 sample_interval_ns=AGENT_SAMPLE_INTERVAL_NS,
             )
             self.recorder.run()

@@ -50,6 +50,7 @@ __all__ = [
 ]
 
 POLL_MS = 10
+IDLE_POLLS = 10  # empty polls in a row before RingSource waits its idle_wait_ms
 # Reclaim aggregates are read from the kernel this often (one summary per cgroup and kind).
 RECLAIM_DRAIN_NS = 1_000_000_000
 
@@ -83,7 +84,12 @@ class RingSource(_Quiet):
         attached: hooks.Attached,
         enriching: tuple[str, ...],
         wait_ms: int = POLL_MS,
+        idle_wait_ms: int | None = None,
     ) -> None:
+        """``idle_wait_ms``: the wait once IDLE_POLLS polls in a row found nothing (the agent
+        on a quiet host wakes twice a second instead of ten times; a record that wakes the
+        ring, an OOM kill, still ends the wait at once, and any record brings ``wait_ms``
+        back)."""
         self.kernel = kernel
         self.attached = attached
         self.enriching = enriching
@@ -91,10 +97,19 @@ class RingSource(_Quiet):
         self.rb: RingBuffer | None = RingBuffer(kernel.events)
         self.behind = False
         self._wait_ms = wait_ms
+        self._idle_wait_ms = idle_wait_ms or wait_ms
+        self._empty_polls = 0
 
     def poll(self, now_ns: int, behind: bool) -> list[Event]:
         assert self.rb is not None
-        events = self.decoder.decode_batch(self.rb.drain(0 if behind else self._wait_ms))
+        if behind:
+            wait = 0
+        elif self._empty_polls >= IDLE_POLLS:
+            wait = self._idle_wait_ms
+        else:
+            wait = self._wait_ms
+        events = self.decoder.decode_batch(self.rb.drain(wait))
+        self._empty_polls = 0 if events else self._empty_polls + 1
         self.behind = self.rb.full
         return events
 
