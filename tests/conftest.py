@@ -2,8 +2,9 @@
 
 Tiers: pure tests need nothing; ``bpfobj`` needs the compiled object and bpftool; ``root``
 needs root, BTF and a memory cgroup controller; ``lab`` runs only inside the lab VM that
-scripts/lab-vm boots (its init sets WHYRESTART_LAB=1). A test that cannot run here is skipped
-with the reason, and pytest -ra lists every skip in the summary.
+scripts/lab-vm boots (its init sets WHYRESTART_LAB=1), ``lab_systemd`` only inside its systemd
+VM (systemd is PID 1 there). A test that cannot run here is skipped with the reason, and
+pytest -ra lists every skip in the summary.
 """
 
 from __future__ import annotations
@@ -49,8 +50,15 @@ def _lab_reason() -> str | None:
     return _root_reason()
 
 
+def _lab_systemd_reason() -> str | None:
+    if os.environ.get("WHYRESTART_LAB_SYSTEMD") != "1" or not os.path.isdir("/run/systemd/system"):
+        return "runs inside the lab's systemd VM only (scripts/lab-vm --systemd)"
+    return _lab_reason()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     root, bpfobj, lab = _root_reason(), _bpfobj_reason(), _lab_reason()
+    lab_systemd = _lab_systemd_reason()
     for item in items:
         if root and "root" in item.keywords:
             item.add_marker(pytest.mark.skip(reason=root))
@@ -59,6 +67,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         # the marker, not keywords: every test under tests/lab/ has "lab" among its keywords
         if lab and item.get_closest_marker("lab"):
             item.add_marker(pytest.mark.skip(reason=lab))
+        if lab_systemd and item.get_closest_marker("lab_systemd"):
+            item.add_marker(pytest.mark.skip(reason=lab_systemd))
 
 
 @pytest.fixture(scope="session")

@@ -56,7 +56,7 @@ from tracer.runtimes import (
 from tracer.runtimes.base import k8s_names, restart_policy_text
 from tracer.runtimes.docker import docker_hosts, info_from_docker_inspect
 from tracer.runtimes.podman import info_from_podman_inspect
-from tracer.runtimes.systemd import info_from_systemctl_show
+from tracer.runtimes.systemd import info_from_systemctl_show, unit_cgroup_path
 
 DATA = Path(__file__).parent / "data" / "runtimes"
 CONTAINERS_CONF = DATA / "containers.conf"
@@ -519,6 +519,7 @@ def test_systemctl_show_parser() -> None:
         state="activating",
         oom_killed=True,  # Result=oom-kill: systemd's claim
         times_clock="monotonic",  # (this capture has no ExecMain* properties)
+        cgroup_when_started="/system.slice/model-server.service",
     )
     running = info_from_systemctl_show(
         "nginx", parse_systemctl_show((DATA / "systemctl_show_running.txt").read_text())
@@ -554,6 +555,74 @@ def test_systemctl_show_parser() -> None:
     never = {**killed, "ExecMainExitTimestampMonotonic": "0"}
     n = info_from_systemctl_show("model-server", never)
     assert n is not None and (n.exit_code, n.finished_ns, n.exit_pid) == (None, None, 0)
+
+
+def test_a_stopped_unit_is_followed_where_its_slice_puts_it() -> None:
+    """Between restarts (and before the first start) ControlGroup is empty; the unit's
+    cgroup will be at its slice's path: every dash-prefix of a slice is its parent."""
+    assert unit_cgroup_path("hog.service", "system.slice") == "/system.slice/hog.service"
+    assert unit_cgroup_path("a.service", "wr-x-y.slice") == (
+        "/wr.slice/wr-x.slice/wr-x-y.slice/a.service"
+    )
+    assert unit_cgroup_path("init.scope", "-.slice") == "/init.scope"
+    for bad in ("", "system", "a--b.slice", "-a.slice", "../x.slice"):
+        assert unit_cgroup_path("a.service", bad) is None, bad
+    stopped = {
+        "Id": "hog.service",
+        "LoadState": "loaded",
+        "ActiveState": "inactive",
+        "ControlGroup": "",
+        "Slice": "ml.slice",
+        "NRestarts": "0",
+    }
+    info = info_from_systemctl_show("hog", stopped)
+    assert info is not None and (info.cgroup_path, info.cgroup_when_started) == (
+        None,
+        "/ml.slice/hog.service",
+    )
+
+
+def test_unit_followed_across_restarts_with_systemds_count(tmp_path: Path) -> None:
+    """--unit: the unit's cgroup path is followed from before it starts (a mkdir there is
+    ours, wherever the id), its restart count is polled from systemd under the label its
+    processes get, and execs in it are the unit's own, never health checks."""
+    from tracer.errors import UsageError
+    from tracer.events import CgroupMkdir, Exec
+    from tracer.follow import Follower
+
+    systemctl = _fake_cli(
+        tmp_path,
+        "systemctl",
+        "printf 'Id=hog.service\\nLoadState=loaded\\nActiveState=inactive\\nControlGroup=\\n"
+        "Slice=system.slice\\nNRestarts=2\\nRestart=on-failure\\n'\n",
+    )
+    rt = SystemdRuntime(systemctl, run_dir=str(tmp_path))
+    f = Follower([], None, lambda _cid: None, runtimes=[rt], units=["hog"])
+    assert f.following and f.initial_cgroups() == []
+    assert f.follow_paths() == ["/system.slice/hog.service"]
+    mkdir = CgroupMkdir(ts=5, cgroup_id=77, path="/system.slice/hog.service", level=2)
+    assert f.on_events([mkdir]) == ([], [77])
+    other = CgroupMkdir(ts=6, cgroup_id=78, path="/system.slice/x.service", level=2)
+    assert f.on_events([other]) == ([], [])
+    execs = [Exec(ts=7 + i, pid=100 + i, comm="awk", filename="/usr/bin/awk", cgroup_id=77)
+             for i in range(2)]  # fmt: skip
+    assert f.on_events(execs) == ([], [])
+    f.poller.watch(f.followed[0].label, rt, "hog.service")
+    f.poller.poll_once()
+    assert [(s.unit, s.source, s.restart_count) for s in f.poller.poll()] == [
+        ("systemd hog.service", "systemd", 2)
+    ]
+    with pytest.raises(UsageError, match="--unit nope: systemd is not running here"):
+        Follower([], None, lambda _cid: None, runtimes=[], units=["nope"])
+    gone = _fake_cli(tmp_path, "systemctl-nf", f"cat {DATA / 'systemctl_show_not_found.txt'}\n")
+    with pytest.raises(UsageError, match=r"--unit nope: systemd: no unit 'nope\.service'"):
+        Follower(
+            [],
+            None,
+            lambda _cid: None,
+            runtimes=[SystemdRuntime(gone, run_dir=str(tmp_path))],
+            units=["nope"],
+        )
 
 
 def test_systemd_not_available_here_or_without_run_dir(tmp_path: Path) -> None:

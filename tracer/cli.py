@@ -257,7 +257,6 @@ def make_targets(kw: dict[str, Any], command: tuple[str, ...], verb: str = "reco
     """Turn the target options into ``tracer.record.Targets`` (bad input: UsageError)."""
     from tracer.follow import ProbeSetup
     from tracer.record import Targets
-    from tracer.runtimes.systemd import SystemdRuntime
 
     if not (kw["pids"] or kw["cgroups"] or kw["all_"] or command or kw["containers"]) and not (
         kw["units"] or kw["pods"]
@@ -276,16 +275,6 @@ def make_targets(kw: dict[str, Any], command: tuple[str, ...], verb: str = "reco
                 "say what to probe: --probe http://HOST:PORT/PATH, or drop them",
             )
     cgroups = list(kw["cgroups"])
-    for unit in kw["units"]:
-        rt = SystemdRuntime()
-        info = rt.find(unit) if rt.available() else None
-        if info is None or not info.cgroup_path:
-            raise UsageError(
-                f"--unit {unit}: "
-                + ("no such unit" if rt.available() else "systemd is not running here"),
-                "use --cgroup with the unit's cgroup path, or --pid",
-            )
-        cgroups.append(info.cgroup_path)
     if kw["pods"]:
         from tracer.runtimes.kubernetes import resolve_pod
         from tracer.sources.cgroupfs import CgroupLayout, CgroupResolver
@@ -308,6 +297,7 @@ def make_targets(kw: dict[str, Any], command: tuple[str, ...], verb: str = "reco
         all=kw["all_"],
         command=list(command),
         containers=list(kw["containers"]),
+        units=list(kw["units"]),
         probes=probes,
         supervisor_pids=list(kw["supervisors"]),
         redact=kw.get("redact", False),

@@ -7,10 +7,11 @@ to the kernel's watched set. It owns:
 * naming: a cgroup whose path looks like a container or a systemd unit gets a ``UnitInfo``,
   with the runtime's name for it when a runtime answers (cached; a container that is already
   gone is still named by its id);
-* following: ``--container`` targets stay watched across restarts. Runtimes recreate a
-  container's cgroup on restart (same path, new id), so cgroup_mkdir events whose path belongs
-  to a followed container (its id, or its name via the runtime) put the new id in the watched
-  map;
+* following: ``--container`` and ``--unit`` targets stay watched across restarts. Runtimes
+  recreate a container's cgroup on restart (same path, new id), so cgroup_mkdir events whose
+  path belongs to a followed container (its id, or its name via the runtime) put the new id in
+  the watched map; a systemd unit is followed at the path its slice gives it, from before it
+  first starts (systemd removes a unit's cgroup when it stops and may between restarts);
 * restart counts from the supervisors (a background poller, never blocking the recorder);
 * health: ``--probe`` probers, and a runtime's exec health checks seen in the kernel: a process
   exec'd into a followed container that does not descend from its main process (``podman
@@ -67,6 +68,7 @@ class Follower:
         probes: ProbeSetup | None,
         path_of: Callable[[int], str | None],
         runtimes: list[Runtime] | None = None,
+        units: Sequence[str] = (),
     ) -> None:
         self.path_of = path_of
         # asking which runtimes answer costs a podman call or two: only when a container
@@ -86,6 +88,8 @@ class Follower:
         self._probe_specs: list[ProbeSpec] = []
         for name in containers:
             self.followed.append(self._resolve(name))
+        for name in units:
+            self.followed.append(self._resolve_unit(name))
         if probes is not None:
             for spec in probes.specs:
                 self.probers.append(Prober(spec, probes.interval_s, probes.timeout_s))
@@ -131,6 +135,22 @@ class Follower:
             "named by its service name when it has one container)",
         )
 
+    def _resolve_unit(self, name: str) -> Followed:
+        rt = next((r for r in self.runtimes if r.name == "systemd"), None)
+        if rt is None:
+            raise UsageError(
+                f"--unit {name}: systemd is not running here (it is not PID 1)",
+                "use --cgroup with the unit's cgroup path, or --pid",
+            )
+        info = rt.find(name)
+        if info is None or not info.cgroup_when_started:
+            raise UsageError(
+                f"--unit {name}: " + (rt.last_error or "no such unit"),
+                "list units with `systemctl list-units --all`; give the full name (x.service)",
+            )
+        label = unit_names.from_info(info.runtime, info.id, info.name).label
+        return Followed(rt, info, label, main_pid=info.pid)
+
     def start(self) -> None:
         for f in self.followed:
             self.poller.watch(f.label, f.runtime, f.info.id)
@@ -145,6 +165,8 @@ class Follower:
         for f in self.followed:
             if f.info.cgroup_path:
                 out.append(f.info.cgroup_path)
+            elif f.info.cgroup_when_started:
+                out.append(f.info.cgroup_when_started)
             elif f.info.runtime == "podman":
                 # podman (cgroupfs manager) puts a container at a fixed path; systemd-managed
                 # hosts use machine.slice/libpod-<id>.scope instead
@@ -248,7 +270,8 @@ class Follower:
                     watch.append(ev.cgroup_id)
             elif isinstance(ev, Exec):
                 f = self._owner_of_cgroup(ev.cgroup_id)
-                if f is None or ev.pid in f.members:
+                # (systemd runs no health checks in a unit: every exec there is the unit's)
+                if f is None or f.info.runtime == "systemd" or ev.pid in f.members:
                     continue
                 if not f.main_pid:
                     f.main_pid = ev.pid
@@ -285,6 +308,11 @@ class Follower:
 
     def _owner_of_path(self, path: str) -> Followed | None:
         unit = unit_names.unit_of_cgroup(path)
+        if unit is not None and unit.kind == "systemd":
+            return next(
+                (f for f in self.followed if f.info.runtime == "systemd" and f.info.id == unit.key),
+                None,
+            )
         if unit is None or unit.kind not in unit_names.CONTAINER_KINDS:
             return None
         for f in self.followed:

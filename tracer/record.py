@@ -69,6 +69,7 @@ class Targets:
     all: bool = False
     command: list[str] = field(default_factory=list)
     containers: list[str] = field(default_factory=list)
+    units: list[str] = field(default_factory=list)  # systemd units, followed like containers
     probes: ProbeSetup | None = None
     supervisor_pids: list[int] = field(default_factory=list)
     redact: bool = False  # keep command lines out of the trace
@@ -83,6 +84,7 @@ class Targets:
             "all": self.all,
             "command": ["[redacted]"] if self.redact and self.command else self.command,
             "containers": self.containers,
+            "units": self.units,
             "probes": [s.text for s in self.probes.specs] if self.probes else [],
             "supervisor_pids": self.supervisor_pids,
             "probe_failure_threshold": self.probe_failures,
@@ -260,10 +262,10 @@ class Recorder:
                     f"cannot run {t.command[0]}: command not found or not executable",
                     "check the command and its PATH",
                 )
-        if not (t.pids or t.cgroups or t.all or t.command or t.containers):
+        if not (t.pids or t.cgroups or t.all or t.command or t.containers or t.units):
             raise UsageError(
                 "nothing to record",
-                "give a command after --, or --pid, --cgroup, --container or --all",
+                "give a command after --, or --pid, --cgroup, --container, --unit or --all",
             )
         return ids
 
@@ -289,7 +291,9 @@ class Recorder:
         system.ensure_tracefs()
         cg_layout = CgroupLayout.from_system()
         resolver = CgroupResolver(cg_layout)
-        self.follower = Follower(self.targets.containers, self.targets.probes, resolver.path_of)
+        self.follower = Follower(
+            self.targets.containers, self.targets.probes, resolver.path_of, units=self.targets.units
+        )
         for path in self.follower.initial_cgroups():
             self.targets.cgroups.append(path)
         cgroup_ids = self._validate(resolver)

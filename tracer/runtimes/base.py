@@ -75,6 +75,10 @@ class ContainerInfo:
     finished_ns: int | None = None
     times_clock: str = "realtime"
     command: str = ""  # the main program's name, as configured ("" when unknown)
+    # where the supervisor puts its cgroup when it runs (systemd: the unit's slice path + the
+    # unit, also while it is stopped or between restarts, when ControlGroup is empty); None
+    # when not known ahead
+    cgroup_when_started: str | None = None
     health: tuple[tuple[int, int, int], ...] = ()  # health log: (start ns, end ns, exit code)
 
 

@@ -12,7 +12,10 @@ the supervisor's claim recorded beside our own verdict, like podman's ``OOMKille
 
 ``ControlGroup`` is a path in systemd's own hierarchy (the unified one on v2 hosts, the
 ``name=systemd`` one on v1/hybrid); systemd mirrors its unit paths into the v1 memory hierarchy
-when it manages memory there, so on both it is the memory-cgroup path too.
+when it manages memory there, so on both it is the memory-cgroup path too. It is empty while a
+unit does not run (stopped, failed, or waiting to be restarted); where the unit's cgroup will be
+is known from its ``Slice`` all the same (``unit_cgroup_path``): ``--unit`` follows a unit
+from there across its restarts.
 
 "Available" means systemd is PID 1: the check ``sd_booted(3)`` does (``/run/systemd/system``
 exists). In containers and VMs without systemd, ``systemctl`` is installed but cannot talk to
@@ -28,7 +31,7 @@ from typing import Any
 from tracer.parse.systemd import parse_systemctl_show
 from tracer.runtimes.base import ContainerInfo, LookupFailed, Runtime, first_line, run_command
 
-__all__ = ["SHOW_PROPERTIES", "SystemdRuntime", "info_from_systemctl_show"]
+__all__ = ["SHOW_PROPERTIES", "SystemdRuntime", "info_from_systemctl_show", "unit_cgroup_path"]
 
 SHOW_PROPERTIES = (
     "Id",
@@ -40,6 +43,7 @@ SHOW_PROPERTIES = (
     "NRestarts",
     "Restart",
     "Result",
+    "Slice",
     # how the main process last ended (post-mortem): CLD_* code, status, pid, times
     "ExecMainCode",
     "ExecMainStatus",
@@ -54,6 +58,20 @@ _CLD_EXITED, _CLD_KILLED, _CLD_DUMPED = 1, 2, 3
 # Unit types that can have a main process and a restart count. A bare name means a service,
 # as it does for systemctl itself.
 _UNIT_SUFFIXES = (".service", ".scope", ".socket", ".mount", ".swap", ".timer", ".path", ".slice")
+
+
+def unit_cgroup_path(unit: str, slice_name: str) -> str | None:
+    """The cgroup systemd gives ``unit`` in ``slice_name``: every dash-separated prefix of a
+    slice is its parent slice (``a-b.slice`` is ``/a.slice/a-b.slice``; ``-.slice`` is the
+    root). None without a slice (a unit that has no cgroup, or systemd before v229)."""
+    if not slice_name.endswith(".slice") or "/" in slice_name or "/" in unit:
+        return None
+    stem = slice_name[: -len(".slice")]
+    parts = [] if stem == "-" else stem.split("-")
+    if not all(parts):
+        return None  # "a--b.slice", "-a.slice": systemd refuses these names
+    path = "".join("/" + "-".join(parts[: i + 1]) + ".slice" for i in range(len(parts)))
+    return f"{path}/{unit}"
 
 
 def info_from_systemctl_show(unit: str, props: dict[str, str]) -> ContainerInfo | None:
@@ -82,6 +100,8 @@ def info_from_systemctl_show(unit: str, props: dict[str, str]) -> ContainerInfo 
         oom_killed=(result == "oom-kill") if result else None,
         pod=None,
         namespace=None,
+        cgroup_when_started=props.get("ControlGroup")
+        or unit_cgroup_path(unit_id, props.get("Slice", "")),
         **_exit_state(props),
     )
 
