@@ -369,3 +369,45 @@ def test_a_helpers_failure_is_counted_not_journaled() -> None:
     assert not notable(crash, in_unit=False)  # a host script's grep found nothing
     assert notable(verdict(), in_unit=False)  # a kill is always worth an incident
     assert not notable(verdict(cause="app_exit", code=0), in_unit=True)
+
+
+# -- the sweep of gone cgroups -----------------------------------------------------------------
+
+
+def test_a_cgroup_is_forgotten_once_two_sweeps_in_a_row_found_it_gone() -> None:
+    from tracer.agent.run import gone_twice
+
+    alive = {1}
+    known = {1: "/a", 2: "/b", 3: "/c"}
+    forget, later = gone_twice(known, lambda cid, _p: cid in alive, set())
+    assert (forget, later) == (set(), {2, 3})
+    alive.add(3)  # (back: the same id, seen again)
+    forget, later = gone_twice(known, lambda cid, _p: cid in alive, later)
+    assert (forget, later) == ({2}, set())
+
+
+def test_the_analysis_forgets_a_gone_cgroup_and_keeps_a_new_one_at_its_path() -> None:
+    path = "/machine.slice/libpod-" + "a" * 64 + ".scope"
+    a = Analyzer()
+    a.feed_many(
+        [
+            st.cgroup(50, path, 64 * st.MiB),
+            st.unit_info(50, "podman", "model"),
+            st.sample(0.1, 50, path, usage=st.MiB),
+            st.execd(0.2, 100, 50, "llm"),
+            st.exit_code(0.5, 100, 1, cg=50),
+            st.cgroup(51, path, 64 * st.MiB),  # the container's next run: a new id there
+            st.unit_info(51, "podman", "model"),
+            st.execd(0.6, 200, 51, "llm"),
+        ]
+    )
+    a.feed_many([st.forked(3.0, 200, 201, 51, "llm")])
+    assert set(a.known_cgroups()) == {50, 51}
+    a.forget_cgroups([50])
+    assert a.known_cgroups() == {51: path}
+    assert 50 not in a.ev.by_cgroup and 50 not in a.ev.units
+    assert 50 not in a.table.cgroup_units and 50 not in a.table.named
+    assert a.ev.id_of_path(path) == 51 and [c for _, c in a.ev.path_history[path]] == [51]
+    # the unit goes on: the next run's exit is judged in it
+    [v] = a.feed_many([st.exit_code(4.0, 200, 1, cg=51), st.forked(6.0, 1, 300, 51, "x")])
+    assert v.unit == "podman model"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 from pathlib import Path
 
@@ -127,6 +128,18 @@ def test_short_lived_cgroups_leave_no_series_and_no_memory(tmp_path: Path) -> No
         # every cgroup is gone: their series expire (ttl 1 s, checked every few seconds)
         until(lambda: not series.findall(agent.metrics()), timeout=60)
         rss = metric(agent.metrics(), "whyrestart_agent_process_resident_memory_bytes")
+        # and what the agent keeps about them goes once two sweeps found them gone (a sweep
+        # runs every 5 minutes, and at SIGHUP: two of those here)
+        known = metric(agent.metrics(), "whyrestart_agent_cgroups_known")
+
+        def swept() -> int:
+            return agent.stderr().count(b"gone cgroups swept")
+
+        agent.proc.send_signal(signal.SIGHUP)
+        until(lambda: swept() == 1)
+        agent.proc.send_signal(signal.SIGHUP)
+        until(lambda: swept() == 2)
+        until(lambda: metric(agent.metrics(), "whyrestart_agent_cgroups_known") <= known - 500)
         assert agent.stop()[0] == 0
     finally:
         if agent.proc.poll() is None:

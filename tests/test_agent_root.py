@@ -72,6 +72,11 @@ class AgentProc:
         self.err.seek(0)
         raise AssertionError(f"agent not ready: {self.err.read().decode(errors='replace')}")
 
+    def stderr(self) -> bytes:
+        """What the agent said on stderr so far."""
+        self.err.seek(0)
+        return self.err.read()
+
     def metrics(self) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as r:
             return str(r.read().decode())

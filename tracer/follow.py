@@ -20,7 +20,7 @@ to the kernel's watched set. It owns:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from tracer.analysis import units as unit_names
@@ -230,6 +230,12 @@ class Follower:
             )
         self._named[cgroup_id] = info
         return info
+
+    def forget_cgroups(self, ids: Iterable[int]) -> None:
+        """Cgroups that are gone (``Recorder.forget_cgroups``)."""
+        for cid in ids:
+            self._named.pop(cid, None)
+            self.unpolled.pop(cid, None)
 
     def running_in(self, cgroup_id: int) -> None:
         """A process event in a cgroup ``name`` saw only being created: poll its restarts."""

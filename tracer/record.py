@@ -21,7 +21,7 @@ import platform
 import shutil
 import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -239,6 +239,7 @@ class Recorder:
         self.extra_sinks = list(sinks)
         self.header: TraceHeader | None = None
         self.stop = _StopFlag()
+        self._pipeline: Pipeline | None = None
         self.warnings: list[str] = []
         # (a live tail reads every verdict; otherwise only the kept ones are built)
         # (built from what the header's targets will say: a replay builds the same one)
@@ -312,6 +313,17 @@ class Recorder:
             return self._run(kernel, resolver, cg_layout, cgroup_ids)
         finally:
             kernel.close()
+
+    def forget_cgroups(self, ids: Iterable[int]) -> None:
+        """Forget cgroups that are gone, everywhere the run keeps something per cgroup: the
+        analysis, the enrichers that name and sample each cgroup once, the follower (the
+        always-on agent's sweep; a recording's cgroups are few)."""
+        ids = list(ids)
+        self.analyzer.forget_cgroups(ids)
+        self.follower.forget_cgroups(ids)
+        for e in self._pipeline.enrichers if self._pipeline is not None else ():
+            if isinstance(e, CgroupNamer | WatchSet):
+                e.forget_cgroups(ids)
 
     def _assemble(
         self,
@@ -408,6 +420,7 @@ class Recorder:
         cgroup_ids: list[int],
     ) -> RecordResult:
         pipeline, watch, gpu, counters = self._assemble(kernel, resolver, cg_layout, cgroup_ids)
+        self._pipeline = pipeline
         try:
             header = self.header = self._header(pipeline, cg_layout)
             writer = (

@@ -79,6 +79,11 @@ class Metrics:
         )
         self.disk = Gauge("whyrestart_disk_used_bytes", "State directory bytes used", registry=reg)
         self.incidents = Gauge("whyrestart_incidents", "Incidents kept on disk", registry=reg)
+        self.cgroups = Gauge(
+            "whyrestart_agent_cgroups_known",
+            "Cgroups the agent keeps state about (those gone are forgotten by its sweeps)",
+            registry=reg,
+        )
         self.evicted = Counter(
             "whyrestart_evicted_files",
             "Segments and incidents removed to stay within --max-disk or --retain",
@@ -127,13 +132,14 @@ class Metrics:
     def stall(self, labels: dict[str, str], seconds: float, throttled: bool) -> None:
         self._inc(self.throttle if throttled else self.reclaim, labels, by=seconds)
 
-    def state(self, *, lost: int, unwritten: int, disk: int, incidents: int) -> None:
+    def state(self, *, lost: int, unwritten: int, disk: int, incidents: int, cgroups: int) -> None:
         if lost > self._lost_seen:
             self.lost.inc(lost - self._lost_seen)
             self._lost_seen = lost
         self.unwritten.set(unwritten)
         self.disk.set(disk)
         self.incidents.set(incidents)
+        self.cgroups.set(cgroups)
 
     # -- cardinality ------------------------------------------------------------------------
 

@@ -5,9 +5,9 @@ agent's sinks after the analyzer:
                                                      \\-> segments -> incidents
   verdicts -> journal, metrics, incidents, one log line each (text or OpenTelemetry JSON)
 
-Signals: SIGTERM/SIGINT flush everything and exit 0; SIGHUP reopens the journal (log rotation)
-and applies the disk budget again; a SIGKILL loses at most the last second of segment data
-(segments are flushed every second; journal lines at once).
+Signals: SIGTERM/SIGINT flush everything and exit 0; SIGHUP reopens the journal (log rotation),
+applies the disk budget again and sweeps gone cgroups; a SIGKILL loses at most the last second
+of segment data (segments are flushed every second; journal lines at once).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from tracer.sources.cgroupfs import CgroupLayout, CgroupResolver, under
 from tracer.trace.format import TraceFooter
 
 HOUSEKEEPING_S = 5.0
+SWEEP_S = 300.0  # how often the cgroups the run keeps something about are checked for gone
 AGENT_POLL_MS = 100
 AGENT_IDLE_POLL_MS = 500
 MAX_UNIT_PATHS = 65536
@@ -69,6 +70,15 @@ def parse_addr(text: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
+def gone_twice(
+    known: dict[int, str], exists: Callable[[int, str], bool], gone_before: set[int]
+) -> tuple[set[int], set[int]]:
+    """One sweep: (the cgroups to forget, those gone to look at again next sweep). A cgroup is
+    forgotten once two sweeps in a row found it gone."""
+    gone = {cid for cid, path in known.items() if not exists(cid, path)}
+    return gone & gone_before, gone - gone_before
+
+
 def boot_id(proc_root: str = "/proc") -> str:
     try:
         with open(os.path.join(proc_root, "sys/kernel/random/boot_id")) as f:
@@ -90,6 +100,8 @@ class Agent:
         self._next_housekeeping = 0.0
         self._ready = False
         self._clean_seen: dict[int, int] = {}  # cgroup id -> clean exits already counted
+        self._next_sweep = time.monotonic() + SWEEP_S
+        self._gone_before: set[int] = set()  # cgroups found gone by the last sweep
         self.resolver = CgroupResolver(self.layout)
 
     # -- the run ----------------------------------------------------------------------------
@@ -228,6 +240,9 @@ class Agent:
             self.metrics.restart(r, label_parts(r.unit))
             self.journal.add(restart_entry(r, self.boot, self._clock_offset()))
         self._clean_exits()
+        if now >= self._next_sweep:
+            self._next_sweep = now + SWEEP_S
+            self._sweep()
         self.journal.flush()
         # (incidents are written between rotations: the budget is applied here too)
         self._evicted(self.state.enforce(self.config.max_disk, keep=self.segments.current))
@@ -237,6 +252,7 @@ class Agent:
             unwritten=self.segments.unwritten + self.journal.unwritten + self.journal.held,
             disk=self.state.used(),
             incidents=len(self.state.incident_files()),
+            cgroups=len(self._analyzer().ev.cgroups),
         )
 
     def _clean_exits(self) -> None:
@@ -256,6 +272,23 @@ class Agent:
             # the kernel's map dropped them (LRU): so do we, and stay as small as it is
             self._clean_seen = {c: n for c, n in self._clean_seen.items() if c in counts}
 
+    def _sweep(self) -> None:
+        """Forget the cgroups found gone by two sweeps in a row (the evidence of the last
+        minutes stays for the verdicts that may still need it): a host that makes and removes
+        cgroups by the thousand (a Kubernetes node's jobs) must not grow the agent for ever."""
+        assert self.recorder is not None
+        forget, self._gone_before = gone_twice(
+            self._analyzer().known_cgroups(), self._cgroup_exists, self._gone_before
+        )
+        if forget:
+            self.recorder.forget_cgroups(forget)
+
+    def _cgroup_exists(self, cgroup_id: int, path: str) -> bool:
+        try:
+            return self.resolver.id_of(path) == cgroup_id  # (a path made again is a new id)
+        except UsageError:
+            return False
+
     def _alive(self, unit: str) -> bool:
         """A unit's cgroup still exists (asked once its series have been quiet for the ttl:
         a unit that is gone is forgotten here too)."""
@@ -269,7 +302,8 @@ class Agent:
     def _reload(self) -> None:
         self.journal.reopen()
         self._evicted(self.state.enforce(self.config.max_disk, keep=self.segments.current))
-        self._note("reloaded: journal reopened, disk budget applied")
+        self._sweep()
+        self._note("reloaded: journal reopened, disk budget applied, gone cgroups swept")
 
     def _evicted(self, evicted: Sequence[Evicted]) -> None:
         for e in evicted:

@@ -194,6 +194,26 @@ class Evidence:
         if not (ev.ooms or ev.kmsg or ev.signals or ev.stalls):
             del self.by_pid[pid]
 
+    def forget_cgroups(self, ids: Iterable[int]) -> None:
+        """Drop what is kept about cgroups that are gone (an always-on agent sees thousands
+        made and removed: a name, a path, its samples, each): their ids never come back."""
+        for cid in ids:
+            info = self.cgroups.pop(cid, None)
+            self.units.pop(cid, None)
+            self.by_cgroup.pop(cid, None)
+            self.runtime_exits.pop(cid, None)
+            self.oom_counts.pop(cid, None)
+            if info is None:
+                continue
+            path = info.path
+            if self.ids_by_path.get(path) == cid:
+                del self.ids_by_path[path]
+            history = [h for h in self.path_history.get(path, ()) if h[1] != cid]
+            if history:
+                self.path_history[path] = history
+            else:
+                self.path_history.pop(path, None)
+
     def prune(self, now: int) -> None:
         """Drop per-pid evidence and cgroup samples older than the history window (exits not
         yet judged are all later than ``now``: nothing they look at is dropped). A pid's OOM

@@ -12,6 +12,7 @@ starts in the same unit, that is a restart.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterable
 
 import msgspec
 
@@ -159,6 +160,13 @@ class ProcessTable:
         self.cgroup_units[cgroup_id] = unit
         if unit is not None and unit.kind != "cgroup":
             self.named[cgroup_id] = unit
+
+    def forget_cgroups(self, ids: Iterable[int]) -> None:
+        """Drop the units worked out for cgroups that are gone (``Evidence.forget_cgroups``)."""
+        for cid in ids:
+            self.cgroup_units.pop(cid, None)
+            self.named.pop(cid, None)
+            self.first.pop(cid, None)
 
     def is_main(self, pid: int, proc: Proc, unit: UnitName | None) -> bool:
         if unit is None:

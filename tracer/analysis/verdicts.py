@@ -187,6 +187,16 @@ class Analyzer:
     def restart_counts(self) -> list[tuple[str, int, int | None, str]]:
         return self.table.restart_counts()
 
+    def known_cgroups(self) -> dict[int, str]:
+        """The cgroups the analysis keeps something about: id -> path."""
+        return {cid: info.path for cid, info in self.ev.cgroups.items()}
+
+    def forget_cgroups(self, ids: Iterable[int]) -> None:
+        """Forget cgroups that are gone (the agent's sweep): evidence, paths and units."""
+        ids = list(ids)
+        self.ev.forget_cgroups(ids)
+        self.table.forget_cgroups(ids)
+
     def unit_of_pid(self, pid: int) -> str | None:
         """The label of the unit a process belongs to, while the process table holds it."""
         proc = self.table.procs.get(pid)

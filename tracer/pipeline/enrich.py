@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -116,6 +117,10 @@ class WatchSet:
                 samplers.sample_soon(ev.limit_cgroup_id)
         return events
 
+    def forget_cgroups(self, ids: Iterable[int]) -> None:
+        """Cgroups that are gone (``Recorder.forget_cgroups``)."""
+        self._sampled_ids.difference_update(ids)
+
     def sample_cgroup(self, cgroup_id: int) -> None:
         if cgroup_id in self._sampled_ids:
             return
@@ -201,6 +206,10 @@ class CgroupNamer:
         self.resolver = resolver
         self.follower = follower
         self._named: set[int] = {0}
+
+    def forget_cgroups(self, ids: Iterable[int]) -> None:
+        """Cgroups that are gone (``Recorder.forget_cgroups``)."""
+        self._named.difference_update(ids)
 
     def enrich(self, events: list[Event]) -> list[Event]:
         out: list[Event] = []
