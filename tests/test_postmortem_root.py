@@ -159,8 +159,11 @@ def test_docker_container_oom_killed_and_restarted(
     docker_engine: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The same through a private dockerd (tests/dockerd.py), found as a docker client finds
-    it (DOCKER_HOST). Docker's own OOMKilled flag is true here (read from the cgroup's OOM
-    event): quoted beside the kernel log, not counted as a third source."""
+    it (DOCKER_HOST). Docker's own OOMKilled flag (from containerd's OOM event) is quoted beside
+    the kernel log as Docker gave it, not counted as a third source: it is usually true here,
+    but containerd loses the event of a container killed right after its start now and then
+    (containerd/containerd#8180; false once in a full run on this machine), and the verdicts
+    must not depend on it."""
     monkeypatch.setenv("DOCKER_HOST", docker_engine.host)
     name = docker_engine.unique("wrpm")
     docker_engine.docker(
@@ -179,13 +182,12 @@ def test_docker_container_oom_killed_and_restarted(
     finally:
         docker_engine.docker("rm", "-f", name, check=False)
     rt = doc["runtime"]
-    assert (rt["source"], rt["restart_count"], rt["exit_code"], rt["oom_killed"]) == (
-        "docker", 2, 137, True,
-    )  # fmt: skip
+    assert (rt["source"], rt["restart_count"], rt["exit_code"]) == ("docker", 2, 137)
     verdicts = doc["verdicts"]
     assert [v["cause"] for v in verdicts] == ["cgroup_oom"] * 3
     assert [v["confidence"] for v in verdicts] == ["medium", "medium", "high"]
     last = verdicts[-1]
     assert (last["limit_bytes"], last["unit"]) == (32 * MiB, f"docker {name}")
-    assert any("docker says" in e["what"] and "OOMKilled flag: True" in e["what"]
+    said = f"OOMKilled flag: {rt['oom_killed']}"
+    assert any("docker says" in e["what"] and said in e["what"]
                for e in last["evidence"])  # fmt: skip
