@@ -594,7 +594,8 @@ def test_unit_followed_across_restarts_with_systemds_count(tmp_path: Path) -> No
         tmp_path,
         "systemctl",
         "printf 'Id=hog.service\\nLoadState=loaded\\nActiveState=inactive\\nControlGroup=\\n"
-        "Slice=system.slice\\nNRestarts=2\\nRestart=on-failure\\n'\n",
+        "Slice=system.slice\\nNRestarts=2\\nRestart=on-failure\\nResult=oom-kill\\n"
+        "ExecMainCode=2\\nExecMainStatus=9\\nExecMainExitTimestampMonotonic=5\\n'\n",
     )
     rt = SystemdRuntime(systemctl, run_dir=str(tmp_path))
     f = Follower([], None, lambda _cid: None, runtimes=[rt], units=["hog"])
@@ -609,8 +610,9 @@ def test_unit_followed_across_restarts_with_systemds_count(tmp_path: Path) -> No
     assert f.on_events(execs) == ([], [])
     f.poller.watch(f.followed[0].label, rt, "hog.service")
     f.poller.poll_once()
-    assert [(s.unit, s.source, s.restart_count) for s in f.poller.poll()] == [
-        ("systemd hog.service", "systemd", 2)
+    # with systemd's record of the last exit: SIGKILL (137), Result=oom-kill
+    assert [tuple(s)[1:] for s in f.poller.poll()] == [
+        ("systemd hog.service", "systemd", 2, 137, True)
     ]
     with pytest.raises(UsageError, match="--unit nope: systemd is not running here"):
         Follower([], None, lambda _cid: None, runtimes=[], units=["nope"])
@@ -728,6 +730,25 @@ def test_containers_seen_only_being_created_are_not_polled() -> None:
 def _clock() -> Callable[[], int]:
     ticks = iter(range(1, 1_000_000))
     return lambda: next(ticks)
+
+
+def test_poll_soon_makes_the_next_pass_now() -> None:
+    """A followed unit's process ended: the poller asks at once, not at its interval."""
+    rt = _MemRuntime()
+    rt.counts = {"aaa": 0}
+    poller = RestartCountPoller(interval_s=3600.0)
+    poller.watch("web", rt, "aaa")
+    with poller:
+        wait = time.monotonic() + 10
+        while not poller.poll() and time.monotonic() < wait:  # the first pass
+            time.sleep(0.01)
+        rt.counts["aaa"] = 1
+        poller.poll_soon()
+        got: list[RestartCountSample] = []
+        while not got and time.monotonic() < wait:
+            time.sleep(0.01)
+            got = poller.poll()
+    assert [(s.unit, s.restart_count) for s in got] == [("web", 1)]
 
 
 def test_poller_changes_only_and_errors_once() -> None:

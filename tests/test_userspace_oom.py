@@ -20,6 +20,7 @@ from tests.streams import (
     host,
     killed,
     probe,
+    runtime,
     sample,
     sent,
 )
@@ -69,6 +70,23 @@ def test_systemd_oomd_known_by_its_executable_is_a_userspace_oom_with_the_pressu
     assert "host memory PSI some peaked at 42.0%, full 21.0% (avg10)" in what
     assert any(w.startswith("host MemAvailable fell to 300.0 MiB of ") for w in what)
     assert "/app.slice/app.service used 486.0 MiB of its 512.0 MiB limit (95%)" in what
+
+
+def test_what_systemd_recorded_of_the_kill_is_quoted() -> None:
+    """systemd's record of its unit's main process (read by the recorder as it ended):
+    Result=oom-kill and the exit status join the evidence and the summary. A record that came
+    after the verdict's settle, or one of another unit, is not used."""
+    recorded = replace(runtime(11.4, "app.service", 0, "systemd"), exit_code=137, oom_killed=True)
+    v = one(*oomd_kill(exe="/usr/lib/systemd/systemd-oomd"), recorded)
+    assert (v.cause, v.confidence, v.unit) == ("userspace_oom", "high", "app.service")
+    assert (recorded.ts, "systemd recorded exit code 137 for app.service, Result=oom-kill") in (
+        v.evidence
+    )
+    assert "; systemd recorded it as an OOM kill" in v.summary
+    for other in (replace(recorded, ts=recorded.ts + 2 * 10**9), replace(recorded, unit="x")):
+        v = one(*oomd_kill(exe="/usr/lib/systemd/systemd-oomd"), other)
+        assert v.cause == "userspace_oom" and "recorded" not in v.summary
+        assert not [w for _, w in v.evidence if "recorded" in w]
 
 
 def test_earlyoom_known_by_its_cgroup_though_python_runs_it() -> None:

@@ -90,6 +90,7 @@ class Follower:
             self.followed.append(self._resolve(name))
         for name in units:
             self.followed.append(self._resolve_unit(name))
+        self._units_followed = bool(units)
         if probes is not None:
             for spec in probes.specs:
                 self.probers.append(Prober(spec, probes.interval_s, probes.timeout_s))
@@ -291,6 +292,10 @@ class Follower:
                     elif ev.parent_pid in f.checks:
                         f.checks[ev.child_pid] = -1  # part of a check, not a check itself
             elif isinstance(ev, Exit):
+                if self._units_followed and self._owner_of_cgroup(ev.cgroup_id) is not None:
+                    # a process of a followed unit ended: systemd's record of it (Result=oom-kill,
+                    # its exit status) is read now, while the verdict on it is still open
+                    self.poller.poll_soon()
                 for f in self.followed:
                     start = f.checks.pop(ev.pid, None)
                     f.members.discard(ev.pid)
@@ -349,8 +354,8 @@ class Follower:
                     source=s.source,
                     restart_count=s.restart_count,
                     state="",
-                    exit_code=None,
-                    oom_killed=None,
+                    exit_code=s.exit_code,
+                    oom_killed=s.oom_killed,
                 )
             )
         for e in self.poller.errors():

@@ -7,7 +7,7 @@ tests make real units there.
   linked to the OOM kill that caused it, and systemd's own ``NRestarts`` agrees.
 * systemd-oomd (Debian's package, installed by scripts/setup on the host whose root the VM
   boots) with ``ManagedOOMMemoryPressure=kill`` on a slice kills a unit under memory pressure:
-  ``userspace_oom``, naming systemd-oomd and the pressure, beside what systemd recorded.
+  ``userspace_oom``, naming systemd-oomd, the pressure, and what systemd recorded.
 
 The units are written to /run/systemd/system (tmpfs) under names unique to the test run, and
 stopped and removed after.
@@ -281,3 +281,7 @@ MemorySwapMax=0
     assert "systemd-oomd" in v["summary"] and "in the minute before" in v["summary"], v
     # the pressure it acted on, as whyrestart sampled it in the minute before
     assert [e for e in v["evidence"] if "PSI" in e["what"]], v
+    # and what systemd recorded, read by the recorder as the process ended
+    what = [e["what"] for e in v["evidence"]]
+    assert f"systemd recorded exit code 137 for {label}, Result=oom-kill" in what, v
+    assert "; systemd recorded it as an OOM kill" in v["summary"], v

@@ -58,6 +58,7 @@ from tracer.events import (
     OomKill,
     ProbeSample,
     ReclaimStall,
+    RuntimeSample,
     Signal,
     signal_name,
 )
@@ -851,6 +852,20 @@ def pressure_before(v: ExitView, until: int) -> Pressure:
     return Pressure(tuple(evidence), words, high, stall, host_available)
 
 
+def supervisor_record(v: ExitView, kill_ts: int) -> tuple[RuntimeSample, str] | None:
+    """The supervisor's own record of this kill (systemd's Result=oom-kill and exit status of
+    a unit's main process, read by the recorder as the process ended): the first sample of
+    the victim's unit, from the kill to the settle past its exit, that records an exit. Its
+    word is quoted beside the kernel's, not trusted over it."""
+    if not v.unit or not v.main:
+        return None
+    end = v.ex.ts + SETTLE_NS
+    for r in v.ev.runtime.get(v.unit, ()):
+        if kill_ts <= r.ts <= end and (r.oom_killed or r.exit_code is not None):
+            return r, say.supervisor_recorded(r.source, r.unit, r.exit_code, r.oom_killed)
+    return None
+
+
 def userspace_oom(
     v: ExitView,
     last: Signal,
@@ -869,7 +884,16 @@ def userspace_oom(
         return None  # a pod deletion or a redeploy: a signal_kill by the kubelet
     strong = who.identified_by in (senders.BY_EXECUTABLE, senders.BY_CGROUP)
     confidence = HIGH if strong and p.evidence and not kubelet else MEDIUM
-    summary, advice = say.userspace_oom_text(who.description, how, p.words, kubelet)
+    record = supervisor_record(v, last.ts)
+    summary, advice = say.userspace_oom_text(
+        who.description,
+        how,
+        p.words,
+        kubelet,
+        record[0].source if record and record[0].oom_killed else "",
+    )
+    if record is not None:
+        evidence = [*evidence, (record[0].ts, record[1])]
     if not strong:
         evidence = [*evidence, (last.ts, say.known_by_name_only(last.sender_comm))]
     return Finding(

@@ -269,8 +269,24 @@ def stop_how(grace_s: float) -> str:
     return f"SIGTERM, then SIGKILL {grace_s:.1f} s later (the stop grace period ran out)"
 
 
-def userspace_oom_text(who: str, how: str, pressure: str, kubelet: bool) -> tuple[str, str]:
+def supervisor_recorded(source: str, unit: str, code: int | None, oom_flag: bool | None) -> str:
+    """A supervisor's own record of an exit, quoted (systemd: Result=, ExecMainStatus)."""
+    what = f"exit code {code}" if code is not None else "an exit"
+    if source == "systemd":
+        flag = ", Result=oom-kill" if oom_flag else ""
+    else:
+        flag = "" if oom_flag is None else f" (its OOMKilled flag: {oom_flag})"
+    return f"{source} recorded {what} for {unit}{flag}"
+
+
+def userspace_oom_text(
+    who: str, how: str, pressure: str, kubelet: bool, recorded_oom_by: str = ""
+) -> tuple[str, str]:
+    """``recorded_oom_by``: the supervisor that recorded this kill as an OOM kill, if one
+    did (systemd's Result=oom-kill after systemd-oomd's kill)."""
     seen = f"; in the minute before: {pressure}" if pressure else "; no pressure samples seen"
+    if recorded_oom_by:
+        seen += f"; {recorded_oom_by} recorded it as an OOM kill"
     if kubelet:
         return (
             f"evicted by {who} with {how} under memory pressure{seen}",

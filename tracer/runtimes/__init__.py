@@ -7,9 +7,11 @@ module adds:
 * ``detect()``: the runtimes that can be asked on this host now (``probe()``: and why each
   of the others cannot);
 * ``RestartCountPoller``: a background thread that asks each watched container's runtime for
-  its restart count every ``interval_s`` and queues ``RestartCountSample`` tuples
-  ``(ts, unit, source, count)`` (``ts`` on CLOCK_BOOTTIME ns, the trace's clock) for the
-  recorder to drain with ``poll()``; failed lookups queue ``RestartCountError`` tuples.
+  its restart count every ``interval_s`` (and at once when ``poll_soon`` is called: a watched
+  unit's main process just ended) and queues ``RestartCountSample`` tuples ``(ts, unit,
+  source, count, exit_code, oom_killed)`` (``ts`` on CLOCK_BOOTTIME ns, the trace's clock;
+  the last two are the supervisor's own record of its last exit) for the recorder to drain
+  with ``poll()``; failed lookups queue ``RestartCountError`` tuples.
 
 No runtime is a hard dependency: none installed, none running, or one hanging all give fewer
 names and counts, never an exception or a stall in the recorder.
@@ -94,6 +96,11 @@ class RestartCountSample(NamedTuple):
     unit: str  # the label the recorder watches the container under
     source: str  # runtime name: "podman", "docker", "systemd"
     restart_count: int  # the supervisor's restart count ("count" would shadow tuple.count)
+    # its record of the main process's last exit: the code as runtimes say it (128 + n for
+    # signal n; None before any exit) and its OOM flag (systemd Result=oom-kill, Docker
+    # OOMKilled; None when it keeps none)
+    exit_code: int | None = None
+    oom_killed: bool | None = None
 
 
 class RestartCountError(NamedTuple):
@@ -112,6 +119,7 @@ class _Watch:
     runtime: Runtime
     container_id: str
     last_count: int | None = None
+    last_exit: tuple[int | None, bool | None] = (None, None)
     last_error: str | None = None
 
 
@@ -151,6 +159,7 @@ class RestartCountPoller:
         self._errors: collections.deque[RestartCountError] = collections.deque(maxlen=max_queue)
         self.dropped = 0
         self._stop = threading.Event()
+        self._wake = threading.Event()  # poll_soon: the next pass now, not at the interval
         self._thread: threading.Thread | None = None
 
     # -- caller side
@@ -185,9 +194,15 @@ class RestartCountPoller:
             self._errors.clear()
         return out
 
+    def poll_soon(self) -> None:
+        """Make the next pass now (a watched unit's main process ended: the supervisor's
+        record of that exit is wanted while the verdict on it is still open)."""
+        self._wake.set()
+
     def stop(self, timeout_s: float = 10.0) -> None:
         """End the thread after one last pass; wait for it at most ``timeout_s``."""
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
             if self._thread.is_alive():
@@ -221,12 +236,17 @@ class RestartCountPoller:
                 return  # that was the final pass
             # Wait out the rest of the interval (a slow pass shortens the wait, never overlaps);
             # stop() wakes the wait and one final pass follows.
-            self._stop.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
+            self._wake.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
+            self._wake.clear()
 
     def _query(self, w: _Watch) -> None:
         rt = w.runtime
+        last_exit: tuple[int | None, bool | None] = (None, None)
         try:
-            count = rt.restart_count(w.container_id)
+            info = rt.by_id(w.container_id)
+            count = None if info is None else info.restart_count
+            if info is not None:
+                last_exit = (info.exit_code, info.oom_killed)
             reason = rt.last_error
         except Exception as exc:  # runtimes promise not to raise; keep polling if one does
             count, reason = None, f"{type(exc).__name__}: {exc}"
@@ -241,10 +261,10 @@ class RestartCountPoller:
                     self._put(self._errors, RestartCountError(ts, w.unit, rt.name, message))
                 return
             w.last_error = None
-            if self.changes_only and count == w.last_count:
+            if self.changes_only and (count, last_exit) == (w.last_count, w.last_exit):
                 return
-            w.last_count = count
-            self._put(self._samples, RestartCountSample(ts, w.unit, rt.name, count))
+            w.last_count, w.last_exit = count, last_exit
+            self._put(self._samples, RestartCountSample(ts, w.unit, rt.name, count, *last_exit))
 
     def _put(self, queue: collections.deque[_T], item: _T) -> None:
         if queue.maxlen is not None and len(queue) == queue.maxlen:
