@@ -16,11 +16,16 @@ def record(tmp_path: Path, argv: list[str], name: str = "t.trace") -> RecordResu
 
 
 def record_while(
-    tmp_path: Path, container: str, action: Callable[[], None], **targets: object
+    tmp_path: Path,
+    container: str,
+    action: Callable[[], None],
+    duration: float = 120,
+    **targets: object,
 ) -> RecordResult:
-    """Record --container while ``action`` drives it; stop once it is done."""
+    """Record --container while ``action`` drives it; stop once it is done (or after
+    ``duration`` seconds)."""
     rec = Recorder(
-        str(tmp_path / "c.trace"), Targets(containers=[container], **targets), duration=120
+        str(tmp_path / "c.trace"), Targets(containers=[container], **targets), duration=duration
     )  # type: ignore[arg-type]
     out: dict[str, RecordResult] = {}
     errors: list[BaseException] = []

@@ -515,6 +515,23 @@ def test_path_of_survives_removal(tree: Path) -> None:
     assert r.path_of(gone_id) == "/docker/short-lived"
 
 
+def test_a_path_the_kernel_reported_is_known_after_the_cgroup_is_gone(tree: Path) -> None:
+    """A crash-looping container's cgroup can be made and removed before anything looks it
+    up: the path cgroup_mkdir reported names it, with no walk (a walk would find nothing)."""
+    r = CgroupResolver(v1_layout(tree))
+    r.learn(2**62 + 7, "/libpod_parent/libpod-abc/")
+    assert r.path_of(2**62 + 7) == "/libpod_parent/libpod-abc"
+    info = r.info(2**62 + 7, ts=5)
+    assert info is not None and (info.path, info.limit_bytes) == ("/libpod_parent/libpod-abc", None)
+    assert r.scan_count == 0
+    # a path as long as the record holds may have been cut: not learnt
+    r.learn(2**62 + 8, "/" + "x" * 254)
+    assert r.path_of(2**62 + 8) is None
+    # what a walk found stays
+    r.learn(ino(tree / "docker" / "abc"), "/elsewhere")
+    assert r.path_of(ino(tree / "docker" / "abc")) == "/docker/abc"
+
+
 def test_path_of_cache_is_bounded(tree: Path) -> None:
     r = CgroupResolver(v1_layout(tree), max_entries=3)
     r.rescan()  # 8 dirs seen, only the 3 seen last are kept

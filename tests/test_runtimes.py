@@ -683,6 +683,7 @@ class _MemRuntime(Runtime):
     def __init__(self) -> None:
         super().__init__()
         self.counts: dict[str, int] = {}
+        self.running: dict[str, int] = {}  # id -> main pid (its cgroup: /docker/<id>)
         self.raise_for: set[str] = set()
         self.gate: threading.Event | None = None
         self.entered = threading.Event()
@@ -700,7 +701,9 @@ class _MemRuntime(Runtime):
             self._fail(f"mem: no container {name_or_id!r}", quiet=True)
             return None
         self._ok()
-        return ContainerInfo("mem", name_or_id, name_or_id, None, 0, self.counts[name_or_id],
+        pid = self.running.get(name_or_id, 0)
+        path = f"/docker/{name_or_id}" if pid else None
+        return ContainerInfo("mem", name_or_id, name_or_id, path, pid, self.counts[name_or_id],
                              "always", None, "", "running", None)  # fmt: skip
 
 
@@ -725,6 +728,25 @@ def test_containers_seen_only_being_created_are_not_polled() -> None:
     f.running_in(1)
     f.poller.poll_once()
     assert [s.unit for s in f.poller.poll()] == [f"mem {theirs}"]
+
+
+def test_a_cgroup_seen_being_created_takes_its_main_process_from_the_kernel() -> None:
+    """A crash-looping container gets a new cgroup at the same path for every run, and the
+    runtime, asked a moment after the mkdir, may already describe the next run: its pid must
+    not name the main process of the cgroup just made (its real main process then looked
+    exec'd in: a main exit and a restart link went missing). A cgroup that was there before
+    (named by a process event) still takes the runtime's pid."""
+    from tracer.follow import Follower
+
+    rt = _MemRuntime()
+    cid = "a" * 64
+    rt.counts, rt.running = {cid: 7}, {cid: 4242}
+    made = Follower([], None, lambda _cid: None, runtimes=[rt]).name(
+        1, f"/docker/{cid}", 0, created=True
+    )
+    assert made is not None and (made.unit_id, made.main_pid) == (cid, 0)
+    there = Follower([], None, lambda _cid: None, runtimes=[rt]).name(2, f"/docker/{cid}", 0)
+    assert there is not None and (there.unit_id, there.main_pid) == (cid, 4242)
 
 
 def _clock() -> Callable[[], int]:

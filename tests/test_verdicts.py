@@ -32,7 +32,7 @@ from tests.streams import (
     unit_info,
 )
 from tracer.analysis.verdicts import Analyzer, Verdict
-from tracer.events import Event
+from tracer.events import Event, Exec
 
 GiB = 1024 * MiB
 
@@ -685,6 +685,31 @@ def test_container_units_are_named_by_the_runtime_and_restarts_linked() -> None:
         (200, 300, "cgroup_oom"),
     ]
     assert a.restart_counts() == [("podman model", 2, 2, "podman")]
+
+
+def test_runc_executing_itself_in_the_new_cgroup_is_not_the_containers_main_process() -> None:
+    """On a loaded host runc's exec of /proc/self/exe (comm "exe") lands in a restarted
+    container's new cgroup before the entrypoint's (seen in 1 of 301 restarts of a crash
+    loop): the entrypoint is still the main process, and the restart is linked."""
+    a = Analyzer()
+    events = [
+        *container_stream(100, 0.0),
+        exit_code(1.0, 100, 3, cg=50),
+        Exec(ts=t(2.0), pid=150, comm="exe", filename="/proc/self/exe", cgroup_id=50),
+        Exec(ts=t(2.01), pid=150, comm="runc", filename="/dev/fd/6", cgroup_id=50),
+        forked(2.02, 150, 151, 50, "runc:[0:PARENT]"),
+        forked(2.03, 151, 152, 50, "runc:[1:CHILD]"),
+        exit_code(2.04, 151, 0, "runc:[1:CHILD]", cg=50),
+        exit_code(2.05, 150, 0, "runc:[0:PARENT]", cg=50),
+        execd(2.1, 152, 50, "llm"),
+        exit_code(2.2, 152, 3, "llm", cg=50),
+    ]
+    verdicts = a.feed_all(events)
+    assert [(v.pid, v.unit, v.main, v.exit_code) for v in verdicts] == [
+        (100, "podman model", True, 3),
+        (152, "podman model", True, 3),
+    ]
+    assert [(r.old_pid, r.new_pid) for r in a.restarts] == [(100, 152)]
 
 
 def test_a_restart_count_mismatch_shows() -> None:

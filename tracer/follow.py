@@ -206,8 +206,18 @@ class Follower:
             pod = _pod(found) if found else ""
             kind = found.runtime if found else unit.kind
             # the runtime's main pid is only this cgroup's if the container has not been
-            # restarted since (a running container's cgroup is the one we see first)
-            main = found.pid if found and found.cgroup_path == path and self._fresh(found) else 0
+            # restarted since (a running container's cgroup is the one we see first), and
+            # only for a cgroup that was there before we looked: one seen being created gets
+            # its main process from the kernel (its first exec). A crash-looping container
+            # makes a new cgroup at the same path for every run, and the runtime, asked a
+            # moment after the mkdir, can already describe the next run: its pid would make
+            # this run's own main process look exec'd in from outside (a main exit and a
+            # restart link missing)
+            main = (
+                found.pid
+                if found and not created and found.cgroup_path == path and self._fresh(found)
+                else 0
+            )
             info = UnitInfo(
                 ts=ts,
                 cgroup_id=cgroup_id,

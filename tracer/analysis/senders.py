@@ -186,6 +186,13 @@ def is_process_supervisor(comm: str) -> bool:
 # itself runc:[0:PARENT], runc:[1:CHILD], runc:[2:INIT] before it execs the entrypoint).
 PLUMBING = ("runc:[", "runc", "crun", "conmon", "youki", "runsc")
 
+# A program executing /proc/self/exe runs itself again: it starts nothing new. runc does it in
+# the process that becomes the container (its init, then a copy of itself: CVE-2019-5736,
+# comm "exe", then "runc"); on a loaded host that exec lands in the container's new cgroup
+# before the entrypoint's, and was taken for the container's first program (its main process):
+# 1 restart of 301 went unlinked.
+SELF_EXE = "/proc/self/exe"
+
 
 class _Plumbing(dict[str, bool]):
     """comm -> whether it names a runtime's setup process, worked out once per name: the replay

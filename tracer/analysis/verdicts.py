@@ -49,7 +49,7 @@ from tracer.analysis.findings import (
 from tracer.analysis.processes import Proc, ProcessTable
 from tracer.analysis.retention import MAX_CLEAN_KEPT, MAX_KEPT, Retention
 from tracer.analysis.rules import SETTLE_NS
-from tracer.analysis.senders import IS_PLUMBING
+from tracer.analysis.senders import IS_PLUMBING, SELF_EXE
 from tracer.analysis.units import UNSET, UnitName
 from tracer.analysis.wording import describe_status
 from tracer.events import (
@@ -317,7 +317,7 @@ class Analyzer:
                     proc.unit = UNSET
                     if not proc.start_ts:
                         proc.start_ts = ev.ts
-                if not is_plumbing[ev.comm]:
+                if not is_plumbing[ev.comm] and ev.filename != SELF_EXE:
                     first.setdefault(ev.cgroup_id, pid)
                     unit = proc.unit = named.get(proc.cgroup_id) or find_unit(proc)
                     if unit is not None and is_main(pid, proc, unit):

@@ -216,6 +216,8 @@ class CgroupNamer:
         named = self._named
         unpolled = self.follower.unpolled
         for ev in events:
+            if type(ev) is CgroupMkdir:
+                self.resolver.learn(ev.cgroup_id, ev.path)
             for cid in cgroup_ids(ev):
                 if cid not in named:
                     named.add(cid)

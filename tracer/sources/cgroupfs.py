@@ -283,6 +283,14 @@ class CgroupResolver:
                     self._remember(ino, rel)
                     stack.append((entry.path, rel))
 
+    def learn(self, cgroup_id: int, path: str) -> None:
+        """A path the kernel reported with its id (cgroup_mkdir): known from then on, even if
+        the cgroup is gone before anything looks it up (a crash-looping container's cgroup
+        can live a few milliseconds; a rescan would find nothing) and without a rescan."""
+        # (a path that fills the record's 256 bytes, WR_CGROUP_PATH_LEN, may have been cut)
+        if cgroup_id not in self._paths and len(path.encode()) < 255:
+            self._remember(cgroup_id, _norm(path))
+
     def path_of(self, cgroup_id: int) -> str | None:
         """The path of ``cgroup_id`` (e.g. "/docker/abc"), or None if it is not known.
 
