@@ -1,14 +1,17 @@
-"""Readable synthetic event streams for analysis tests: times in seconds, sensible defaults."""
+"""Readable synthetic event streams for analysis tests (times in seconds, sensible defaults),
+and the analyzer judging them (``judge``, ``one``)."""
 
 from __future__ import annotations
 
 import signal as _signal
 
+from tracer.analysis.verdicts import Analyzer, Verdict
 from tracer.events import (
     SI_KERNEL,
     SI_USER,
     CgroupInfo,
     CgroupSample,
+    Event,
     Exec,
     Exit,
     Fork,
@@ -32,6 +35,17 @@ from tracer.events import (
 
 S = 1_000_000_000
 MiB = 1024 * 1024
+
+
+def judge(*events: Event, **analyzer: object) -> list[Verdict]:
+    """Every verdict an ``Analyzer(**analyzer)`` makes of ``events``."""
+    return Analyzer(**analyzer).feed_all(events)  # type: ignore[arg-type]
+
+
+def one(*events: Event) -> Verdict:
+    """The one verdict of ``events`` (an assertion error if there is not exactly one)."""
+    [v] = judge(*events)
+    return v
 
 
 def t(seconds: float) -> int:

@@ -19,24 +19,17 @@ from tests.streams import (
     gpu_proc,
     gpu_recovered,
     gpu_sample,
+    judge,
     killed,
+    one,
     oom,
     oom_killer_sigkill,
     sent,
     xid,
 )
 from tracer.analysis import gpu as gpu_rules
-from tracer.analysis.verdicts import DEVICE_RESET, GPU_OOM, Analyzer, Verdict
+from tracer.analysis.verdicts import DEVICE_RESET, GPU_OOM
 from tracer.events import SI_TKILL, Event, from_record
-
-
-def judge(*events: Event) -> list[Verdict]:
-    return Analyzer().feed_all(events)
-
-
-def one(*events: Event) -> Verdict:
-    [v] = judge(*events)
-    return v
 
 
 def test_cause_names_match_the_verdict_module() -> None:

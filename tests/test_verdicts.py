@@ -19,8 +19,10 @@ from tests.streams import (
     exit_code,
     forked,
     host,
+    judge,
     killed,
     kmsg,
+    one,
     oom,
     oom_killer_sigkill,
     probe,
@@ -35,15 +37,6 @@ from tracer.analysis.verdicts import Analyzer, Verdict
 from tracer.events import Event, Exec
 
 GiB = 1024 * MiB
-
-
-def judge(*events: Event) -> list[Verdict]:
-    return Analyzer().feed_all(events)
-
-
-def one(*events: Event) -> Verdict:
-    [v] = judge(*events)
-    return v
 
 
 # -- plain causes --------------------------------------------------------------------------

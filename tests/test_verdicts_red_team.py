@@ -26,6 +26,7 @@ from tests.streams import (
     gpu_proc,
     gpu_sample,
     host,
+    judge,
     killed,
     kmsg,
     oom,
@@ -55,10 +56,6 @@ from tracer.trace.format import TraceHeader
 from tracer.trace.writer import TraceWriter
 
 ID = "c" * 64
-
-
-def judge(*events: Event, **kw: object) -> list[Verdict]:
-    return Analyzer(**kw).feed_all(events)  # type: ignore[arg-type]
 
 
 def by_pid(verdicts: list[Verdict]) -> dict[tuple[int, int], Verdict]:
