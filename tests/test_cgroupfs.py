@@ -570,6 +570,17 @@ def test_id_of_missing_names_path_and_fix(tree: Path) -> None:
         r.id_of("/docker/abc/memory.limit_in_bytes")  # a file, not a cgroup
 
 
+def test_exists_and_children(tree: Path) -> None:
+    r = CgroupResolver(v1_layout(tree))
+    assert r.exists("/docker/abc") and r.exists(str(tree / "docker")) and r.exists("/")
+    assert not r.exists("/docker/nope")
+    assert not r.exists("/docker/abc/memory.limit_in_bytes")  # a file, not a cgroup
+    assert "/docker/abc" in r.children("/docker")
+    assert all(r.exists(c) for c in r.children("/docker"))
+    assert r.children("/docker/nope") == []
+    assert not CgroupResolver(CgroupLayout("v2", None, None, "/sys/fs/cgroup")).exists("/")
+
+
 def test_limits_v1(tree: Path) -> None:
     r = CgroupResolver(v1_layout(tree))
     assert r.limit_of("/") is None

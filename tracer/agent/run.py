@@ -34,7 +34,7 @@ from tracer.errors import UsageError
 from tracer.events import CgroupInfo, Event, Lost, ReclaimStall, ReclaimSummary
 from tracer.record import Recorder, Targets
 from tracer.safetext import field
-from tracer.sources.cgroupfs import CgroupLayout, CgroupResolver, under
+from tracer.sources.cgroupfs import CgroupLayout, CgroupResolver
 from tracer.trace.format import TraceFooter
 
 HOUSEKEEPING_S = 5.0
@@ -293,8 +293,7 @@ class Agent:
         """A unit's cgroup still exists (asked once its series have been quiet for the ttl:
         a unit that is gone is forgotten here too)."""
         path = self._unit_paths.get(unit)
-        root = self.layout.memory_root
-        if path is not None and root is not None and os.path.isdir(under(root, path)):
+        if path is not None and self.resolver.exists(path):
             return True
         self._unit_paths.pop(unit, None)
         return False

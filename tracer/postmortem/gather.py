@@ -271,11 +271,7 @@ def _named_containers(
 
 
 def _exists(world: World, path: str) -> bool:
-    try:
-        CgroupResolver(world.layout, world.proc_root).id_of(path)
-    except UsageError:
-        return False
-    return True
+    return CgroupResolver(world.layout, world.proc_root).exists(path)
 
 
 def gather(kind: str, spec: str, since_s: float | None, world: World | None = None) -> Facts:

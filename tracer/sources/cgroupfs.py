@@ -415,6 +415,11 @@ class CgroupResolver:
             return None
         return _memory_path(parse_proc_cgroup(text), self.layout)
 
+    def exists(self, path: str) -> bool:
+        """Whether the cgroup ``path`` (as ``id_of`` takes it) exists now."""
+        abs_path = self._abs(relative(self.layout, path))
+        return abs_path is not None and os.path.isdir(abs_path)
+
     def children(self, path: str) -> list[str]:
         """The paths of ``path``'s child cgroups, sorted ([] when it is gone or unreadable)."""
         abs_path = self._abs(path)
