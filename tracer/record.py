@@ -193,7 +193,7 @@ class Recorder:
     ``sources``: more sources to run beside the recorder's own (repro's liveness prober);
     ``sinks``: more sinks to hand the ordered events to (after the trace and the analyzer).
 
-    Large on purpose (about 400 lines): it owns a recording's lifecycle end to end (checking
+    Large on purpose (over 400 lines): it owns a recording's lifecycle end to end (checking
     the targets, starting the command, assembling the pipeline, the loop, the header and
     footer, signals and the stop) because they share one stop state and one set of sources;
     the sources, enrichers and sinks themselves live in tracer.pipeline."""
@@ -354,17 +354,7 @@ class Recorder:
             opened.append(ring)
             kmsg = KmsgSource(watch.wants_kmsg)
             opened.append(kmsg)
-            for cid in cgroup_ids:
-                kernel.watch_cgroup(cid)
-            for path in t.cgroups:
-                for pid in resolver.procs(path):
-                    watch.seed_pid(pid)
-            for pid in t.pids:
-                watch.seed_pid(pid)
-            for path in t.cgroups:
-                samplers.watch_cgroup(path)
-            for pid in watch.known_pids:
-                samplers.watch_pid(pid)
+            self._seed(kernel, resolver, watch, samplers, cgroup_ids)
             # GPU evidence (tracer/gpu/side.py): its own BPF object and NVML, never fatal.
             gpu = GpuSide(
                 filter_all=t.all,
@@ -411,6 +401,29 @@ class Recorder:
         ]
         pipeline = Pipeline(sources, enrichers, [], clock=boottime_ns)
         return pipeline, watch, gpu, counters
+
+    def _seed(
+        self,
+        kernel: hooks.KernelHooks,
+        resolver: CgroupResolver,
+        watch: WatchSet,
+        samplers: SamplerSet,
+        cgroup_ids: list[int],
+    ) -> None:
+        """The targets into the kernel's filter, the watched set and the samplers: the
+        watched cgroups, the processes already in them, the watched pids."""
+        t = self.targets
+        for cid in cgroup_ids:
+            kernel.watch_cgroup(cid)
+        for path in t.cgroups:
+            for pid in resolver.procs(path):
+                watch.seed_pid(pid)
+        for pid in t.pids:
+            watch.seed_pid(pid)
+        for path in t.cgroups:
+            samplers.watch_cgroup(path)
+        for pid in watch.known_pids:
+            samplers.watch_pid(pid)
 
     def _run(
         self,

@@ -92,7 +92,11 @@ UNJUDGED_NS = 60 * SECOND  # an exit not judged this long after it ended never w
 
 
 class Analyzer:
-    """Feed events in time order with ``feed``; call ``finish`` at the end of the stream."""
+    """Feed events in time order with ``feed``; call ``finish`` at the end of the stream.
+
+    Large on purpose (over 400 lines): the rules, words, process table and retention live in
+    their own modules; what stays here is when each exit is judged (the settle window, the
+    rounds, early OOM judging, restarts) around the one inline loop a replay runs per event."""
 
     def __init__(
         self,

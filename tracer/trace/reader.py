@@ -188,7 +188,7 @@ class TraceReader:
     A reader can be iterated once; it closes its file at the end of iteration, on `close`, or
     on leaving a ``with`` block.
 
-    Large on purpose (about 400 lines): the one reader of the format (plain and zstd, the
+    Large on purpose (over 400 lines): the one reader of the format (plain and zstd, the
     block-at-once fast path and the line-by-line path that names damage) keeps one position
     (line number, bytes consumed, a torn frame) that every path reports from.
     """
