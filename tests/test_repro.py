@@ -25,6 +25,7 @@ from tracer.repro import (
     SURVIVED,
     Comparison,
     Experiment,
+    Options,
     Plan,
     RunResult,
     Setting,
@@ -75,24 +76,10 @@ def test_parse_size_rejects(text: str) -> None:
         parse_size(text)
 
 
-def _plan(**kw: Any) -> Plan:
-    args: dict[str, Any] = {
-        "memory_max": None,
-        "memory_high": None,
-        "probe_timeout": None,
-        "command": ["true"],
-        "repeats": 1,
-        "probe": None,
-        "probe_interval": None,
-        "probe_failures": 3,
-        "probe_delay": None,
-        "duration": None,
-        "out_dir": "out",
-        "parent_cgroup": None,
-        "memory_version": 1,
-    }
+def _plan(memory_version: int | None = 1, **kw: Any) -> Plan:
+    args: dict[str, Any] = {"command": ["true"], "out_dir": "out"}
     args.update(kw)
-    return make_plan(**args)
+    return make_plan(Options(**args), memory_version=memory_version)
 
 
 def test_plan_varies_the_listed_setting() -> None:

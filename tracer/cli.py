@@ -894,21 +894,7 @@ def export(trace: str, fmt: str, output: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="The comparison as JSON (schema 1).")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @_friendly
-def repro(
-    memory_max: str | None,
-    memory_high: str | None,
-    probe_timeout: str | None,
-    repeats: int,
-    probe: str | None,
-    probe_interval: str | None,
-    probe_failures: int,
-    probe_delay: str | None,
-    duration: float | None,
-    out_dir: str | None,
-    parent_cgroup: str | None,
-    as_json: bool,
-    command: tuple[str, ...],
-) -> None:
+def repro(as_json: bool, **options: Any) -> None:
     """Run a workload once per value of ONE setting, each run in a fresh memory cgroup and
     recorded to its own trace; compare the runs and name the smallest value that survived.
 
@@ -923,25 +909,12 @@ def repro(
       sudo whyrestart repro --probe-timeout 0.5,1,2 --probe http://127.0.0.1:8000/health \\
           --memory-max 1G --duration 120 -- python serve.py
     """
-    from tracer.repro import Experiment, make_plan
+    from tracer.repro import Experiment, Options, make_plan
     from tracer.sources.cgroupfs import CgroupLayout
 
     layout = CgroupLayout.from_system()
-    plan = make_plan(
-        memory_max=memory_max,
-        memory_high=memory_high,
-        probe_timeout=probe_timeout,
-        command=command,
-        repeats=repeats,
-        probe=probe,
-        probe_interval=probe_interval,
-        probe_failures=probe_failures,
-        probe_delay=probe_delay,
-        duration=duration,
-        out_dir=out_dir,
-        parent_cgroup=parent_cgroup,
-        memory_version=layout.memory_version,
-    )
+    # click names each keyword after its option, as Options names its fields.
+    plan = make_plan(Options(**options), memory_version=layout.memory_version)
 
     def progress(line: str) -> None:
         click.echo(safetext.field(line), err=True)

@@ -165,22 +165,26 @@ class Plan:
         }
 
 
-def make_plan(
-    *,
-    memory_max: str | None,
-    memory_high: str | None,
-    probe_timeout: str | None,
-    command: Sequence[str],
-    repeats: int,
-    probe: str | None,
-    probe_interval: str | None,
-    probe_failures: int,
-    probe_delay: str | None,
-    duration: float | None,
-    out_dir: str | None,
-    parent_cgroup: str | None,
-    memory_version: int | None,
-) -> Plan:
+@dataclass(frozen=True)
+class Options:
+    """The ``whyrestart repro`` command line as given (values still text); `make_plan` checks
+    it. The defaults are the command line's."""
+
+    command: Sequence[str]
+    memory_max: str | None = None
+    memory_high: str | None = None
+    probe_timeout: str | None = None
+    repeats: int = 1
+    probe: str | None = None
+    probe_interval: str | None = None
+    probe_failures: int = 3
+    probe_delay: str | None = None
+    duration: float | None = None
+    out_dir: str | None = None
+    parent_cgroup: str | None = None
+
+
+def make_plan(o: Options, *, memory_version: int | None) -> Plan:
     """Check the options and decide which one setting varies (long: one short check per
     option, in the order a user should meet the errors).
 
@@ -191,9 +195,9 @@ def make_plan(
     given = {
         k: v
         for k, v in (
-            (MEMORY_MAX, memory_max),
-            (MEMORY_HIGH, memory_high),
-            (PROBE_TIMEOUT, probe_timeout),
+            (MEMORY_MAX, o.memory_max),
+            (MEMORY_HIGH, o.memory_high),
+            (PROBE_TIMEOUT, o.probe_timeout),
         )
         if v is not None
     }
@@ -203,17 +207,17 @@ def make_plan(
             fix="give --memory-max A,B,... (or --memory-high A,B, or --probe-timeout A,B "
             "with --probe)",
         )
-    if not command:
+    if not o.command:
         raise UsageError(
             "no command to run", fix="put the workload after --, e.g. -- python serve.py"
         )
-    if repeats < 1:
+    if o.repeats < 1:
         raise UsageError("--runs must be at least 1")
-    if duration is not None and duration <= 0:
+    if o.duration is not None and o.duration <= 0:
         raise UsageError("--duration must be positive")
-    if probe_failures < 0:
+    if o.probe_failures < 0:
         raise UsageError("--probe-failures must be 0 (never kill) or more")
-    if memory_high is not None and memory_version == 1:
+    if o.memory_high is not None and memory_version == 1:
         raise UsageError(
             "--memory-high needs cgroup v2: this host's memory controller is on cgroup v1, "
             "which has no memory.high",
@@ -240,10 +244,10 @@ def make_plan(
             fix="list two or more values (A,B) for the one setting to vary",
         )
     spec = None
-    if probe is not None:
+    if o.probe is not None:
         from tracer.sources.probes import parse_probe
 
-        spec = parse_probe(probe)
+        spec = parse_probe(o.probe)
     if PROBE_TIMEOUT in given and spec is None:
         raise UsageError(
             "--probe-timeout needs --probe", fix="say what to probe: --probe http://HOST:PORT/PATH"
@@ -252,28 +256,28 @@ def make_plan(
     plan = Plan(
         kind=kind,
         settings=settings,
-        command=list(command),
-        out_dir=out_dir or time.strftime("repro-%Y%m%d-%H%M%S"),
-        repeats=repeats,
+        command=list(o.command),
+        out_dir=o.out_dir or time.strftime("repro-%Y%m%d-%H%M%S"),
+        repeats=o.repeats,
         probe=spec,
-        probe_failures=probe_failures,
-        duration_s=duration,
-        parent_cgroup=parent_cgroup,
+        probe_failures=o.probe_failures,
+        duration_s=o.duration,
+        parent_cgroup=o.parent_cgroup,
     )
-    if kind != MEMORY_MAX and memory_max is not None:
-        plan.memory_max = parse_size(memory_max)
+    if kind != MEMORY_MAX and o.memory_max is not None:
+        plan.memory_max = parse_size(o.memory_max)
     if spec is not None:
         from tracer.sources.probes import parse_duration
 
         if kind != PROBE_TIMEOUT:
             plan.probe_timeout_s = (
-                parse_duration(probe_timeout) if probe_timeout else DEFAULT_PROBE_TIMEOUT_S
+                parse_duration(o.probe_timeout) if o.probe_timeout else DEFAULT_PROBE_TIMEOUT_S
             )
-        if probe_interval is not None:
-            plan.probe_interval_s = parse_duration(probe_interval)
-        if probe_delay is not None:
-            plan.probe_delay_s = parse_duration(probe_delay)
-    elif probe_interval is not None or probe_delay is not None:
+        if o.probe_interval is not None:
+            plan.probe_interval_s = parse_duration(o.probe_interval)
+        if o.probe_delay is not None:
+            plan.probe_delay_s = parse_duration(o.probe_delay)
+    elif o.probe_interval is not None or o.probe_delay is not None:
         raise UsageError("--probe-interval and --probe-delay need --probe")
     return plan
 
@@ -921,6 +925,7 @@ __all__ = [
     "SCHEMA",
     "Comparison",
     "Experiment",
+    "Options",
     "Plan",
     "RunResult",
     "Setting",
