@@ -3,7 +3,9 @@ and the analyzer judging them (``judge``, ``one``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import signal as _signal
+from typing import Any
 
 from tracer.analysis.verdicts import Analyzer, Verdict
 from tracer.events import (
@@ -32,6 +34,7 @@ from tracer.events import (
     Signal,
     UnitInfo,
 )
+from tracer.trace.format import TraceHeader
 
 S = 1_000_000_000
 MiB = 1024 * 1024
@@ -50,6 +53,23 @@ def one(*events: Event) -> Verdict:
 
 def t(seconds: float) -> int:
     return int(seconds * S)
+
+
+_HEADER = TraceHeader(
+    tool_version="test",
+    host="h",
+    kernel="k",
+    cgroup={"mode": "v1", "memory_version": 1},
+    clock_offset_ns=1_700_000_000 * S,
+    hooks={},
+    targets={},
+    started_ns=0,
+)
+
+
+def header(**changes: Any) -> TraceHeader:
+    """A trace header of plain values; ``changes``: the fields a test cares about."""
+    return dataclasses.replace(_HEADER, **changes)
 
 
 def exit_code(
@@ -141,11 +161,13 @@ def oom_killer_sigkill(at: float, victim: int, trigger: int) -> Signal:
     return sent(at, trigger, victim, _signal.SIGKILL, comm="app", code=SI_KERNEL)
 
 
-def kmsg(at: float, victim: int, memcg: bool = True, oom_memcg: str = "/demo") -> KmsgOom:
+def kmsg(
+    at: float, victim: int, memcg: bool = True, oom_memcg: str = "/demo", comm: str = "app"
+) -> KmsgOom:
     return KmsgOom(
         ts=t(at),
         victim_pid=victim,
-        victim_comm="app",
+        victim_comm=comm,
         constraint="CONSTRAINT_MEMCG" if memcg else "CONSTRAINT_NONE",
         oom_memcg=oom_memcg if memcg else "",
         task_memcg=oom_memcg,
@@ -190,7 +212,8 @@ def sample(
     )
 
 
-def host(at: float, available: int) -> HostSample:
+def host(at: float, available: int, some: float = 0.0, full: float = 0.0) -> HostSample:
+    """The host's memory at ``at``; ``some``, ``full``: its PSI avg10."""
     return HostSample(
         ts=t(at),
         mem_total=24 << 30,
@@ -198,8 +221,8 @@ def host(at: float, available: int) -> HostSample:
         mem_free=available,
         cached=0,
         swap_free=0,
-        psi_some_avg10=0.0,
-        psi_full_avg10=0.0,
+        psi_some_avg10=some,
+        psi_full_avg10=full,
         psi_some_total_us=0,
         psi_full_total_us=0,
     )

@@ -33,16 +33,7 @@ BOOT = "0123456789abcdef0123456789abcdef"
 
 
 def header() -> TraceHeader:
-    return TraceHeader(
-        tool_version="test",
-        host="h",
-        kernel="6.18",
-        cgroup={"mode": "v1"},
-        clock_offset_ns=1_700_000_000 * st.S,
-        hooks={},
-        targets={"all": True},
-        started_ns=0,
-    )
+    return st.header(kernel="6.18", cgroup={"mode": "v1"}, targets={"all": True})
 
 
 class Clock:

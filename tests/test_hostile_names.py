@@ -22,8 +22,7 @@ from click.testing import CliRunner
 from tests import streams as s
 from tracer import safetext
 from tracer.cli import main
-from tracer.events import Event, Exec, KmsgOom, ProbeSample
-from tracer.trace.format import TraceHeader
+from tracer.events import Event, Exec, ProbeSample
 from tracer.trace.writer import TraceWriter
 
 # 15 bytes, what prctl(PR_SET_NAME) keeps: set the window title, then paint red.
@@ -46,15 +45,10 @@ def assert_clean(text: str) -> None:
     )
 
 
-HEADER = TraceHeader(
-    tool_version="0.1.0",
+HEADER = s.header(
     host="h\x1b[2Jost",
-    kernel="6.18.0",
-    cgroup={"mode": "hybrid", "memory_version": 1},
-    clock_offset_ns=1_732_950_000_000_000_000,
     hooks={"exit": "tp_btf", "signal": "tp_btf", "oom": "tp_btf/mark_victim"},
     targets={"cgroups": [f"/evil{TITLE}"], "pids": []},
-    started_ns=0,
 )
 
 
@@ -82,20 +76,7 @@ def hostile_events() -> list[Event]:
         s.sample(1.0, cg, path, usage=60 * s.MiB, limit=64 * s.MiB),
         s.reclaim(1.5, cg, 0.4, 3),
         msgspec.structs.replace(oom, victim_comm=TITLE, trigger_comm=TITLE),
-        KmsgOom(
-            ts=s.t(2.0),
-            victim_pid=100,
-            victim_comm=TITLE,
-            constraint="CONSTRAINT_MEMCG",
-            oom_memcg=path,
-            task_memcg=path,
-            total_vm_kb=100000,
-            anon_rss_kb=65000,
-            file_rss_kb=100,
-            shmem_rss_kb=0,
-            oom_score_adj=0,
-            memcg=True,
-        ),
+        s.kmsg(2.0, 100, oom_memcg=path, comm=TITLE),
         s.oom_killer_sigkill(2.0, 100, 100),
         s.killed(2.01, 100, signal.SIGKILL, comm=TITLE, cg=cg),
         s.sent(3.0, 555, 101, signal.SIGTERM, comm=FORGE[:15], target_comm=LONG[:15]),

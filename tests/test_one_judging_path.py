@@ -18,9 +18,9 @@ import pytest
 from click.testing import CliRunner
 
 from tests.streams import cgroup, execd, killed, probe, sent
+from tests.streams import header as trace_header
 from tracer.cli import main
 from tracer.events import Event
-from tracer.trace.format import TraceHeader
 from tracer.trace.writer import TraceWriter
 
 DATA = Path(__file__).parent / "data"
@@ -30,16 +30,7 @@ Judged = Counter[tuple[int, str, str]]  # (pid, cause, confidence) -> how many
 
 
 def supervisor_trace(path: Path) -> Path:
-    header = TraceHeader(
-        tool_version="test",
-        host="h",
-        kernel="k",
-        cgroup={"mode": "v1", "memory_version": 1},
-        clock_offset_ns=1_700_000_000_000_000_000,
-        hooks={},
-        targets={"pids": [100], "supervisor_pids": [WATCHDOG]},
-        started_ns=0,
-    )
+    header = trace_header(targets={"pids": [100], "supervisor_pids": [WATCHDOG]})
     events: list[Event] = [
         cgroup(40, "/svc/model", 1 << 30),
         execd(0.1, 100, 40, "model"),

@@ -24,11 +24,11 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
+from tests.streams import header
 from tracer.cli import main
 from tracer.events import CgroupInfo, Event, Exec, Exit, OomKill, ReclaimStall, Signal
 from tracer.outputs.perfetto import HOST_PID, export
 from tracer.outputs.timeline import build, load
-from tracer.trace.format import TraceHeader
 
 DATA = Path(__file__).parent / "data"
 NESTED = DATA / "nested_v1_oom.trace"
@@ -192,19 +192,6 @@ def test_thread_tracks_are_named_and_slices_nest(doc: dict[str, Any]) -> None:
             assert start >= end
 
 
-def _header() -> TraceHeader:
-    return TraceHeader(
-        tool_version="t",
-        host="h",
-        kernel="k",
-        cgroup={"mode": "v1", "memory_version": 1},
-        clock_offset_ns=1_700_000_000_000_000_000,
-        hooks={},
-        targets={},
-        started_ns=0,
-    )
-
-
 def test_overlapping_stalls_go_to_lanes_and_a_host_oom_is_global() -> None:
     ms = 1_000_000
     events: list[Event] = [
@@ -218,7 +205,7 @@ def test_overlapping_stalls_go_to_lanes_and_a_host_oom_is_global() -> None:
         Signal(100 * ms, 10, 10, "worker", 5, 10, "worker", 9, 0x80, 0, True),
         Exit(101 * ms, 10, 1, "worker", 5, 9, 0),
     ]
-    doc = export(build(_header(), events), "synthetic")
+    doc = export(build(header(tool_version="t"), events), "synthetic")
     lanes = {e["tid"] for e in doc["traceEvents"] if e["ph"] == "X"}
     assert len(lanes) == 2
     lane_names = sorted(

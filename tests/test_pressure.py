@@ -5,14 +5,13 @@ from __future__ import annotations
 import signal
 from typing import Any
 
-from tests.streams import MiB, cgroup, killed, oom, t
+from tests.streams import MiB, cgroup, host, killed, oom, reclaim, t
 from tracer.analysis.pressure import MAX_STALL_LINES, PressureFeed, TailLine
 from tracer.analysis.verdicts import Analyzer
 from tracer.events import (
     CgroupSample,
     EffectiveLimit,
     Event,
-    HostSample,
     ReclaimStall,
     ReclaimSummary,
 )
@@ -67,18 +66,7 @@ def run(*events: Event) -> list[TailLine]:
 def test_a_storm_is_summarised_not_flooded() -> None:
     events: list[Event] = [cgroup(20, "/model.scope")]
     events += [stall(1.0 + i * 0.005, 20) for i in range(300)]
-    events.append(
-        ReclaimSummary(
-            ts=t(2.5),
-            cgroup_id=20,
-            kind="memcg",
-            count=312,
-            total_ns=int(4.1e9),
-            max_ns=int(50e6),
-            reclaimed_bytes=100 * MiB,
-            interval_ns=int(1.5e9),
-        )
-    )
+    events.append(reclaim(2.5, 20, 4.1, 312, interval_s=1.5))
     lines = run(*events)
     stalls = [ln for ln in lines if ln.text.startswith("stall")]
     storms = [ln for ln in lines if ln.text.startswith("storm")]
@@ -90,16 +78,7 @@ def test_a_storm_is_summarised_not_flooded() -> None:
 def test_a_quiet_window_stays_quiet() -> None:
     lines = run(
         cgroup(20, "/x"),
-        ReclaimSummary(
-            ts=t(1),
-            cgroup_id=20,
-            kind="memcg",
-            count=2,
-            total_ns=1000,
-            max_ns=600,
-            reclaimed_bytes=0,
-            interval_ns=t(1),
-        ),
+        reclaim(1, 20, 1e-6, 2),
     )
     assert lines == []
 
@@ -135,19 +114,12 @@ def test_psi_and_memory_high_throttling() -> None:
 
 
 def test_host_psi_and_oom_and_verdict() -> None:
-    host = HostSample(
-        ts=t(1),
-        mem_total=24 << 30,
-        mem_available=20 << 30,
-        mem_free=19 << 30,
-        cached=None,
-        swap_free=None,
-        psi_some_avg10=12.0,
-        psi_full_avg10=6.0,
-        psi_some_total_us=1,
-        psi_full_total_us=1,
+    lines = run(
+        cgroup(20, "/model.scope"),
+        host(1, 20 << 30, some=12.0, full=6.0),
+        oom(2.0, 100),
+        killed(2.1, 100, signal.SIGKILL),
     )
-    lines = run(cgroup(20, "/model.scope"), host, oom(2.0, 100), killed(2.1, 100, signal.SIGKILL))
     sev = [(ln.severity, ln.text.split()[0]) for ln in lines]
     assert sev == [("warn", "psi"), ("warn", "psi"), ("crit", "OOM"), ("crit", "exit")]
     assert "cgroup_oom" in lines[-1].text

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from tests.streams import header
 from tracer.cli import main
 from tracer.events import (
     CgroupInfo,
@@ -217,16 +218,7 @@ def test_missing_matplotlib_says_how_to_install(monkeypatch: pytest.MonkeyPatch)
 
 
 def _header() -> TraceHeader:
-    return TraceHeader(
-        tool_version="test",
-        host="h",
-        kernel="k",
-        cgroup={"mode": "v2", "memory_version": 2},
-        clock_offset_ns=1_700_000_000_000_000_000,
-        hooks={},
-        targets={},
-        started_ns=1_000_000_000,
-    )
+    return header(cgroup={"mode": "v2", "memory_version": 2}, started_ns=1_000_000_000)
 
 
 def _gpu_probe_events() -> list[Event]:
