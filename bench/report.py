@@ -88,8 +88,12 @@ def tool_notes(opts: Options, v: str, ok: list[Run], errs: list[str]) -> str:
     return "; ".join(notes)
 
 
-def method_lines(items: list[str], **kw: Any) -> list[str]:
-    return ["", "How each number was measured:", ""] + [f"- {x.format(**kw)}" for x in items]
+def method_lines(items: list[str], opts: Options, **kw: Any) -> list[str]:
+    """The method paragraph: ``items`` are format strings that name the bench's options by
+    their own names (``{storm_cpu}``, ``{soak_seconds:g}``) and what the section worked out
+    (``kw``, which wins over an option of the same name)."""
+    names = {**vars(opts), **kw}
+    return ["", "How each number was measured:", ""] + [f"- {x.format_map(names)}" for x in items]
 
 
 def median_run(runs: list[T], key: Callable[[T], float]) -> T:

@@ -574,47 +574,40 @@ def _report(opts: Options, bare: Result, snoop: Result, agent: Result, load: Res
             "attached once a marker child shows in its output), then `whyrestart agent` (a "
             "fresh state dir, --log-format none, metrics on a free port; ready once it says "
             "so). **CPU % of a core**: the tool's utime+stime from /proc/PID/stat over the "
-            "window. **idle**: {idle:g} s with no workload of ours (the machine's other "
+            "window. **idle**: {agent_idle:g} s with no workload of ours (the machine's other "
             "users still fork and exit: the ratio to exitsnoop is the number to read). "
             "**paced**: build/bench/wr-storm, children exiting 0 in batches of 10 on an "
-            "absolute schedule at {rate:,.0f}/s for {paced:g} s, inside a child memory cgroup "
+            "absolute schedule at {agent_rate:,.0f}/s for {agent_paced:g} s, inside a child "
+            "memory cgroup "
             "made for it (so the agent's kernel filter counts the exits instead of sending "
             "them), tool CPU over the storm plus {drain:g} s of drain; **workload CPU**: the "
-            "storm's own and its children's (wait4). **storm**: wr-storm unpaced for {storm:g} "
+            "storm's own and its children's (wait4). **storm**: wr-storm unpaced for "
+            "{agent_storm:g} "
             "s in a child cgroup, child i exiting i & 0xff (non-zero made = exits less "
-            "those with i % 256 == 0), with {fatal} processes ending by SIGTERM/SIGKILL sent "
-            "to themselves and {ooms} OOM kills (build/bench/wr-fail in a child memory cgroup "
-            "limited to {limit} MiB, the kills confirmed by the cgroup's oom_kill counter) "
+            "those with i % 256 == 0), with {agent_fatal} processes ending by SIGTERM/SIGKILL sent "
+            "to themselves and {agent_ooms} OOM kills (build/bench/wr-fail in a child memory "
+            "cgroup "
+            "limited to {agent_oom_limit_mib} MiB, the kills confirmed by the cgroup's oom_kill "
+            "counter) "
             "spread over it on the storm CPU; **seen**: read back from the agent's segments "
             "with TraceReader after it stopped (exit records of the storm's children with a "
             "non-zero status, of the fatal pids by a signal; OOM records of the victims; "
             "**lost records**: all the Lost records of the agent's run, the host's events "
             "included). "
-            "**kill latency**: {kills} OOM kills one at a time, each in a fresh cgroup "
-            "limited to {limit} MiB; from the bench's reaping of the victim to "
+            "**kill latency**: {agent_kills} OOM kills one at a time, each in a fresh cgroup "
+            "limited to {agent_oom_limit_mib} MiB; from the bench's reaping of the victim to "
             "whyrestart_oom_kills_total rising on /metrics, and to the victim's verdict in the "
             "journal as `whyrestart history` reads it (tracer.agent.journal.read_journal), "
             "polled every {poll:g} ms (a kill during which another OOM verdict of the host "
             "reached the journal is left out of the /metrics column: the counter is a sum over "
             "the host). **soak**: VmRSS every second while wr-storm runs paced "
-            "at {soak_rate:,.0f} exits/s with mixed codes for {soak:g} s (--agent-soak 1800 is "
+            "at {agent_soak_rate:,.0f} exits/s with mixed codes for {agent_soak:g} s "
+            "(--agent-soak 1800 is "
             "the issue's 30 minutes); flat = |growth from 25%| <= 2 MB and |slope| <= 1 "
             "MB/min. **idle disk**: the state dir's allocated bytes over the idle window, "
             "times a day (the segment ring's --retain caps it in practice).",
         ],
-        tool_cpu=opts.tool_cpu,
-        storm_cpu=opts.storm_cpu,
-        idle=opts.agent_idle,
-        rate=opts.agent_rate,
-        paced=opts.agent_paced,
-        drain=opts.drain,
-        storm=opts.agent_storm,
-        fatal=opts.agent_fatal,
-        ooms=opts.agent_ooms,
-        limit=opts.agent_oom_limit_mib,
-        kills=opts.agent_kills,
+        opts,
         poll=POLL_S * 1000,
-        soak_rate=opts.agent_soak_rate,
-        soak=opts.agent_soak,
     )
     return "\n".join(out) + "\n"

@@ -32,12 +32,12 @@ def run(opts: Options, tmp: Path, ctx: Context) -> Section:
             "`tracer.bpf.layout` (what the ring-buffer callback hands over: varied pids, comms, "
             "cgroups, exit codes), timed with perf_counter, {rep} repetitions, a fresh Decoder "
             "each; best and median. One process of the virtualenv's python "
-            "({py}), pinned to CPU {cpu}. This is decoding only: not the ring-buffer "
+            "({py}), pinned to CPU {storm_cpu}. This is decoding only: not the ring-buffer "
             "callback that copies each record out of the ring, nor what follows decoding.",
         ],
+        opts,
         n=r["records"],
         rep=r["repeat"],
         py=r["python"],
-        cpu=opts.storm_cpu,
     )
     return Section("\n".join(lines) + "\n", {"result": r})

@@ -127,11 +127,12 @@ def run(opts: Options, tmp: Path, ctx: Context) -> Section:
             "to the recorder's SIGCONT once the file is probed; the storm's first program is "
             "held, and those opening the file while it is held; later ones find it probed). "
             "lost: the footer's lost records.",
-            "The storm: `fast storm {n}` starts {n} copies of itself in `fail` mode at once "
+            "The storm: `fast storm {gpuhold_storm}` starts {gpuhold_storm} copies of itself in "
+            "`fail` mode at once "
             "(fork + exec), each with the same fresh library.",
         ],
+        opts,
         budget=BUDGET,
-        n=opts.gpuhold_storm,
     )
     data = {"runs": runs, "storm": storm}
     return Section("\n".join(lines) + "\n", data)

@@ -98,8 +98,9 @@ def overflow_run(opts: Options, tmp: Path, mode: str) -> Run:
 METHOD = [
     "**how**: `whyrestart record` pinned to CPU {tool_cpu} is started and proven attached "
     "(markers, as in the storm section); then the unpaced fork/exit storm runs for "
-    "{seconds:g} s on CPU {storm_cpu}, and {at:g} s into it the recorder gets SIGSTOP, and "
-    "SIGCONT {stop:g} s later: meanwhile the kernel keeps filling the {ring} ring "
+    "{overflow_seconds:g} s on CPU {storm_cpu}, and {overflow_at:g} s into it the recorder gets "
+    "SIGSTOP, and "
+    "SIGCONT {overflow_stop:g} s later: meanwhile the kernel keeps filling the {ring} ring "
     "buffer until reservations fail. After the storm, {drain:g} s of drain, then SIGINT.",
     "**--all**: only exits are recorded (no fork records under --all). Events expected: the "
     "exits the storm counted, plus the storm process's own exit; seen: exit records with "
@@ -182,14 +183,5 @@ def run(opts: Options, tmp: Path, ctx: Context) -> Section:
             f"| {missing:,} | {lost:,} | {r['lost_records_sum']:,} | {verdict} "
             f"| {'; '.join(notes)} |"
         )
-    lines += method_lines(
-        METHOD,
-        tool_cpu=opts.tool_cpu,
-        storm_cpu=opts.storm_cpu,
-        seconds=opts.overflow_seconds,
-        at=opts.overflow_at,
-        stop=opts.overflow_stop,
-        ring=ring_size(),
-        drain=opts.drain,
-    )
+    lines += method_lines(METHOD, opts, ring=ring_size())
     return Section("\n".join(lines) + "\n", {"runs": runs})

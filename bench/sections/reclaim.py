@@ -25,8 +25,9 @@ from tracer.sources.cgroupfs import own_memory_cgroup
 
 METHOD = [
     "**workload**: build/bench/wr-reclaim pinned to CPU {storm_cpu}, in a child memory cgroup "
-    "created for each run under the bench's own ({cg_version}, limit {limit} MiB, removed "
-    "after the run): it drops a {size} MiB file in {data_dir} from the page cache "
+    "created for each run under the bench's own ({cg_version}, limit {reclaim_limit_mib} MiB, "
+    "removed "
+    "after the run): it drops a {reclaim_file_mib} MiB file in {reclaim_dir} from the page cache "
     "(fadvise DONTNEED), then reads it start to end, 1 MiB per read(2), again and again for "
     "{seconds:g} s. The file is four times the limit, so every pass reads from disk and every "
     "new page-cache page is charged at the limit: memcg reclaim runs all the time, with no "
@@ -129,12 +130,8 @@ def run(opts: Options, tmp: Path, ctx: Context) -> Section:
         )
     lines += method_lines(
         METHOD,
-        storm_cpu=opts.storm_cpu,
+        opts,
         cg_version=f"cgroup v{version} memory controller, parent {own}",
-        limit=opts.reclaim_limit_mib,
-        size=opts.reclaim_file_mib,
-        data_dir=opts.reclaim_dir,
-        seconds=opts.seconds,
         bpftrace=BPFTRACE_RECLAIM_PROG,
     )
     return Section("\n".join(lines) + "\n", {"summary": summary, "runs": runs, "skipped": skipped})

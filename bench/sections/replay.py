@@ -132,7 +132,8 @@ def run(opts: Options, tmp: Path, ctx: Context) -> Section:
             "processes every 100 ms of trace time and a reclaim summary a second, at 20,000 "
             "events per trace second. Kinds: {kinds}. Writing it took {write:.1f} s "
             "({wps:,.0f} events/s).",
-            "Each reader ran {rounds} time(s), the three alternating, pinned to CPU {cpu}, after "
+            "Each reader ran {rounds} time(s), the three alternating, pinned to CPU {storm_cpu}, "
+            "after "
             "the file was read once to put it in the page cache; the median run of each is "
             "shown. **seconds**: wall time from spawn to wait4 (for (a) the "
             "iteration only, timed inside the process); CPU s and peak RSS from wait4's rusage. "
@@ -140,10 +141,10 @@ def run(opts: Options, tmp: Path, ctx: Context) -> Section:
             "(`whyrestart --version` takes {startup:.2f} s here) and writing the verdict table "
             "to a file. (c) parses and re-serialises every line: no analysis at all.",
         ],
+        opts,
         kinds=kinds,
         write=gen["write_s"],
         wps=gen["write_events_per_s"],
-        cpu=opts.storm_cpu,
         startup=startup["wall_s"],
         rounds=rounds,
     )

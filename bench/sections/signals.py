@@ -104,14 +104,7 @@ def run(opts: Options, tmp: Path, ctx: Context) -> Section:
                 f"({s['seen_pct']:.2f}%) | {s['lost']:,} | {fmt(s['cpu_storm_s'], '.2f')} "
                 f"| {us} | {tool_notes(opts, v, ok, errs)} |"
             )
-    lines += method_lines(
-        METHOD,
-        storm_cpu=opts.storm_cpu,
-        seconds=opts.seconds,
-        drain=opts.drain,
-        sig_rate=opts.sig_rate,
-        bpftrace_sig=BPFTRACE_SIG_PROG,
-    )
+    lines += method_lines(METHOD, opts, bpftrace_sig=BPFTRACE_SIG_PROG)
     return Section(
         "\n".join(lines) + "\n",
         {

@@ -119,8 +119,8 @@ def run(opts: Options, tmp: Path, ctx: Context) -> Section:
         [
             "`whyrestart record --all` pinned to CPU {tool_cpu}, proven attached with markers "
             "(start-to-first-event against bpftrace and exitsnoop is in the storm section); then "
-            "build/bench/wr-storm paced at {rate:,.0f} exits/s (batches of 10, sleeping to an "
-            "absolute schedule) on CPU {storm_cpu} for {seconds:g} s, with the storm's usual "
+            "build/bench/wr-storm paced at {soak_rate:,.0f} exits/s (batches of 10, sleeping to an "
+            "absolute schedule) on CPU {storm_cpu} for {soak_seconds:g} s, with the storm's usual "
             "exit codes (i & 0xff: 255 in 256 are failures, whose verdicts it keeps up to its "
             "cap) and, with --soak-exits zero, children that exit 0. The recorder's VmRSS "
             "(/proc/PID/status) is read every second from the storm's start, and once more "
@@ -131,10 +131,6 @@ def run(opts: Options, tmp: Path, ctx: Context) -> Section:
             "records with comm wr-storm; **tracer CPU %**: its utime+stime over the sampled "
             "span. Samples are in --json.",
         ],
-        tool_cpu=opts.tool_cpu,
-        rate=opts.soak_rate,
-        storm_cpu=opts.storm_cpu,
-        seconds=opts.soak_seconds,
-        drain=opts.drain,
+        opts,
     )
     return Section("\n".join(lines) + "\n", {"runs": runs})

@@ -131,15 +131,7 @@ def report(
         )
         summary[v] = s
     out = [*lines, "", "Start-up, stop and cost detail (medians over rounds):", "", *details]
-    out += method_lines(
-        METHOD,
-        storm_cpu=opts.storm_cpu,
-        batch=opts.batch,
-        seconds=opts.seconds,
-        settle=opts.settle,
-        drain=opts.drain,
-        marker_ms=opts.marker_ms,
-    )
+    out += method_lines(METHOD, opts)
     out.append(f"- Storm binary: {helpers.get('wr-storm')}.")
     if opts.bpf_stats:
         out.append(
