@@ -372,19 +372,7 @@ class Follower:
             out.append(SampleError(ts=e.ts, source=e.source, target=e.unit, message=e.message))
         unit = self.followed[0].label if len(self.followed) == 1 else ""
         for spec, prober in zip(self._probe_specs, self.probers, strict=True):
-            for r in prober.poll():
-                out.append(
-                    ProbeSample(
-                        ts=r.start_ns,
-                        target=spec.text,
-                        unit=unit,
-                        latency_ns=r.latency_ns,
-                        ok=r.ok,
-                        timed_out=r.timed_out,
-                        status=r.status,
-                        error=r.error,
-                    )
-                )
+            out += [r.sample(spec.text, unit) for r in prober.poll()]
         return out
 
     def close(self) -> None:

@@ -25,7 +25,7 @@ from tracer.bpf import layout
 from tracer.bpf.decode import Decoder
 from tracer.bpf.libbpf import RingBuffer
 from tracer.clock import boottime_ns, monotonic_offset_ns
-from tracer.events import Event, KmsgOom, Lost, ProbeSample, ReclaimSummary
+from tracer.events import Event, KmsgOom, Lost, ReclaimSummary
 from tracer.parse import xid
 from tracer.parse.kmsg import OomAssembler
 from tracer.pipeline.core import HeaderPart
@@ -362,19 +362,7 @@ class ProbeResultsSource(_Quiet):
             return []
         with self._lock:
             pending, self._pending = self._pending, []
-        return [
-            ProbeSample(
-                ts=r.start_ns,
-                target=self.target,
-                unit="",
-                latency_ns=r.latency_ns,
-                ok=r.ok,
-                timed_out=r.timed_out,
-                status=r.status,
-                error=r.error,
-            )
-            for r in pending
-        ]
+        return [r.sample(self.target) for r in pending]
 
     def stop(self) -> None:
         self.on_start = None  # (a run that ended before its first poll probes nothing)

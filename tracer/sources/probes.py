@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 from tracer.clock import boottime_ns
 from tracer.errors import UsageError
-from tracer.events import signal_name
+from tracer.events import ProbeSample, signal_name
 
 __all__ = [
     "ProbeResult",
@@ -161,6 +161,20 @@ class ProbeResult:
     timed_out: bool
     status: int | None  # HTTP status, exec exit status (negative: killed by that signal); TCP None
     error: str  # why it was not ok ("" when ok)
+
+    def sample(self, target: str, unit: str = "") -> ProbeSample:
+        """This result as the trace records it: the probe of ``target`` (a followed ``unit``'s,
+        or ""), at the time it began."""
+        return ProbeSample(
+            ts=self.start_ns,
+            target=target,
+            unit=unit,
+            latency_ns=self.latency_ns,
+            ok=self.ok,
+            timed_out=self.timed_out,
+            status=self.status,
+            error=self.error,
+        )
 
 
 def run_probe(spec: ProbeSpec, timeout_s: float) -> ProbeResult:
