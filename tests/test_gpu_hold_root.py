@@ -282,7 +282,9 @@ def test_the_guard_ends_a_hold_past_its_bound_while_the_recorder_lives() -> None
         _, w = _guard(probe, 1)
         _hold(probe, sleeper.pid)
         assert sleeper.wait(timeout=30) == 0
-        assert probe.held() == []
+        # the guard resumes, then forgets the hold (a guard killed in between leaves a record,
+        # not a stopped process): on a loaded host the sleeper can end in between
+        _wait_for(lambda: probe.held() == [])
     finally:
         sleeper.kill()
         if w >= 0:
