@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -294,37 +295,28 @@ def _record(kind: int, func: int, result: int) -> bytes:
     return bytes(rec)
 
 
+# What every ``_record`` decodes to, whatever its kind (the thread's process is the pid).
+DECODED: dict[str, Any] = {
+    "ts": 5_000_000_000,
+    "pid": 4242,
+    "tid": 4243,
+    "comm": "pt_main_thread",
+    "cgroup_id": 777,
+    "requested_bytes": 2 << 30,
+    "held_bytes": 78 << 30,
+    "peak_bytes": 79 << 30,
+    "failures": 3,
+}
+
+
 def test_decode_failure() -> None:
     ev = Decoder().decode(_record(layout.EV_GPU_ALLOC_FAIL, 8, 2))
-    assert ev == GpuAllocFailure(
-        ts=5_000_000_000,
-        pid=4242,
-        tid=4243,
-        comm="pt_main_thread",
-        cgroup_id=777,
-        function="cuMemCreate",
-        requested_bytes=2 << 30,
-        result=2,
-        held_bytes=78 << 30,
-        peak_bytes=79 << 30,
-        failures=3,
-    )
+    assert ev == GpuAllocFailure(**DECODED, function="cuMemCreate", result=2)
 
 
 def test_decode_recovery() -> None:
     ev = Decoder().decode(_record(layout.EV_GPU_ALLOC_RECOVERED, 4, 0))
-    assert ev == GpuOomRecovered(
-        ts=5_000_000_000,
-        pid=4242,
-        tid=4243,
-        comm="pt_main_thread",
-        cgroup_id=777,
-        function="cuMemAllocAsync",
-        requested_bytes=2 << 30,
-        held_bytes=78 << 30,
-        peak_bytes=79 << 30,
-        failures=3,
-    )
+    assert ev == GpuOomRecovered(**DECODED, function="cuMemAllocAsync")
 
 
 def test_decode_unknown_function_and_short_record() -> None:
