@@ -193,7 +193,9 @@ def sample(
     events: dict[str, int] | None = None,
     stat: dict[str, int] | None = None,
     limit: int | None = None,
+    some: float | None = None,
 ) -> CgroupSample:
+    """A cgroup's sample at ``at``; ``some``: its PSI some avg10."""
     return CgroupSample(
         ts=t(at),
         cgroup_id=cg,
@@ -205,7 +207,7 @@ def sample(
         failcnt=failcnt,
         events=events or {},
         stat=stat or {},
-        psi_some_avg10=None,
+        psi_some_avg10=some,
         psi_full_avg10=None,
         psi_some_total_us=None,
         psi_full_total_us=None,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 from typing import Any
 
+from tests import streams
 from tests.streams import MiB, cgroup, host, killed, oom, reclaim, t
 from tracer.analysis.pressure import MAX_STALL_LINES, PressureFeed, TailLine
 from tracer.analysis.verdicts import Analyzer
@@ -34,22 +35,8 @@ def stall(at: float, ms: float, cg: int = 20) -> ReclaimStall:
 def sample(
     at: float, usage: int, cg: int = 20, some: float | None = None, high: int | None = None
 ) -> CgroupSample:
-    return CgroupSample(
-        ts=t(at),
-        cgroup_id=cg,
-        path="/model.scope",
-        usage_bytes=usage,
-        limit_bytes=None,
-        high_bytes=None,
-        peak_bytes=None,
-        failcnt=None,
-        events={} if high is None else {"high": high},
-        stat={},
-        psi_some_avg10=some,
-        psi_full_avg10=None,
-        psi_some_total_us=None,
-        psi_full_total_us=None,
-    )
+    events = None if high is None else {"high": high}
+    return streams.sample(at, cg, "/model.scope", usage=usage, events=events, some=some)
 
 
 def run(*events: Event) -> list[TailLine]:
