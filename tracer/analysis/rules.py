@@ -663,12 +663,13 @@ def signal_exit(v: ExitView, had_oom: bool) -> Finding:
     else:
         how = f"{name}{core}"
     sender_exe = exe or None
+    kill = SenderKill(last, who, how, evidence, disagree)
     if who.role in (senders.ROLE_SUPERVISOR, senders.ROLE_KUBELET):
-        probe = probe_kill(v, last, who, how, evidence, disagree)
+        probe = probe_kill(v, kill)
         if probe is not None:
             return _with(probe, sender_exe=sender_exe)
     if who.role in (senders.ROLE_OOM_DAEMON, senders.ROLE_KUBELET):
-        oom = userspace_oom(v, last, who, how, evidence, disagree)
+        oom = userspace_oom(v, kill)
         if oom is not None:
             return _with(oom, sender_exe=sender_exe)
     summary, advice = say.sender_text(who, how, last.sender_comm, last.sender_pid)
@@ -741,17 +742,52 @@ def kernel_kill(v: ExitView, last: Signal, disagree: tuple[str, ...]) -> Finding
     )
 
 
-def probe_kill(
-    v: ExitView,
-    last: Signal,
-    who: senders.Sender,
-    how: str,
-    evidence: list[Evidence_],
-    disagree: tuple[str, ...],
-) -> Finding | None:
+@dataclass(frozen=True, slots=True)
+class SenderKill:
+    """A kill whose sender ``signal_exit`` has named, as the supervisor and user-space OOM
+    rules judge it: the fatal signal, who sent it and how (a stop or a plain kill), the
+    signals and doubts said so far, and what the trace disagrees about."""
+
+    last: Signal
+    who: senders.Sender
+    how: str
+    evidence: list[Evidence_]
+    disagree: tuple[str, ...]
+
+    def finding(
+        self,
+        cause: str,
+        confidence: str,
+        summary: str,
+        advice: str,
+        evidence: list[Evidence_],
+        *,
+        stall_ns: int | None = None,
+        host_available: int | None = None,
+        probe_failures: int = 0,
+    ) -> Finding:
+        """The rule's finding, with the signal and its sender filled in."""
+        return Finding(
+            cause,
+            confidence,
+            summary,
+            advice,
+            tuple(sorted(evidence)),
+            disagreements=self.disagree,
+            signal=signal_name(self.last.sig),
+            sender_pid=self.last.sender_pid,
+            sender_comm=self.last.sender_comm,
+            sender_role=self.who.role,
+            stall_ns=stall_ns,
+            host_available=host_available,
+            probe_failures=probe_failures,
+        )
+
+
+def probe_kill(v: ExitView, kill: SenderKill) -> Finding | None:
     """A supervisor's kill (a runtime, the kubelet, systemd, a --supervisor pid, or the
     process that started the victim) while the unit's health probes were failing or slow."""
-    ex, store = v.ex, v.ev
+    ex, store, last = v.ex, v.ev, kill.last
     failing = failing_probes(v, last.ts)
     # a runtime's own health check (podman/docker HEALTHCHECK) is counted by the runtime,
     # which kills after its own --health-retries: the failed check just before its kill is its
@@ -763,30 +799,25 @@ def probe_kill(
     recent = failing[-max(3, min(len(failing), 8)) :]
     stall = store.stall_ns(store.ancestry(ex.cgroup_id), start, last.ts)
     psi = store.psi_peak(start, last.ts)
-    ev = [*evidence, *((p.ts, say.probe_line(p)) for p in recent)]
+    ev = [*kill.evidence, *((p.ts, say.probe_line(p)) for p in recent)]
     # only slow, never failed: the supervisor's patience is inferred, not recorded
     slow_only = all(p.ok and not p.timed_out for p in failing)
     summary, advice = say.probe_kill_text(
-        who.description,
-        how,
+        kill.who.description,
+        kill.how,
         say.probe_latencies(recent[-3:]),
         stall,
         psi,
         failed_for_ns=last.ts - failing[0].ts,
         slow_only=slow_only,
     )
-    return Finding(
+    return kill.finding(
         PROBE_KILL,
         # two sources: the prober's failures and the signal hook's record of the kill
         MEDIUM if slow_only else HIGH,
         summary,
         advice,
-        tuple(sorted(ev)),
-        disagreements=disagree,
-        signal=signal_name(last.sig),
-        sender_pid=last.sender_pid,
-        sender_comm=last.sender_comm,
-        sender_role=who.role,
+        ev,
         stall_ns=stall or None,
         probe_failures=len(failing),
     )
@@ -866,18 +897,12 @@ def supervisor_record(v: ExitView, kill_ts: int) -> tuple[RuntimeSample, str] | 
     return None
 
 
-def userspace_oom(
-    v: ExitView,
-    last: Signal,
-    who: senders.Sender,
-    how: str,
-    evidence: list[Evidence_],
-    disagree: tuple[str, ...],
-) -> Finding | None:
+def userspace_oom(v: ExitView, kill: SenderKill) -> Finding | None:
     """A user-space memory killer's kill (systemd-oomd, earlyoom, nohang, lmkd; the kubelet
     evicting under memory pressure), with the pressure it acted on. The killer is known by its
     executable or cgroup (high, with pressure seen), or by its name only (medium); a kubelet's
     kill is an eviction only when the pressure is there (medium: its decision is inferred)."""
+    last, who, evidence = kill.last, kill.who, kill.evidence
     p = pressure_before(v, last.ts)
     kubelet = who.role == senders.ROLE_KUBELET
     if kubelet and not p.high:
@@ -887,7 +912,7 @@ def userspace_oom(
     record = supervisor_record(v, last.ts)
     summary, advice = say.userspace_oom_text(
         who.description,
-        how,
+        kill.how,
         p.words,
         kubelet,
         record[0].source if record and record[0].oom_killed else "",
@@ -896,17 +921,12 @@ def userspace_oom(
         evidence = [*evidence, (record[0].ts, record[1])]
     if not strong:
         evidence = [*evidence, (last.ts, say.known_by_name_only(last.sender_comm))]
-    return Finding(
+    return kill.finding(
         USERSPACE_OOM,
         confidence,
         summary,
         advice,
-        tuple(sorted([*evidence, *p.evidence])),
-        disagreements=disagree,
-        signal=signal_name(last.sig),
-        sender_pid=last.sender_pid,
-        sender_comm=last.sender_comm,
-        sender_role=who.role,
+        [*evidence, *p.evidence],
         stall_ns=p.stall_ns or None,
         host_available=p.host_available,
     )
