@@ -310,6 +310,14 @@ class OomAssembler:
     # (slow serial consoles can stretch the loop, hence a generous bound).
     GROUP_GAP_US = 2_000_000
 
+    # The partial report, which ``reset`` forgets:
+    _summary: dict[str, str] | None  # unclaimed oom-kill: fields
+    _summary_text: str | None  # its raw body while pr_cont pieces may follow
+    _task_in: _TaskIn | None
+    _choice_prefix: str | None  # prefix of the latest "Kill process" line
+    _last_kill: tuple[_KillContext, int] | None  # (context, victim pid)
+    _group: _Group | None
+
     def __init__(self) -> None:
         # "memory: usage X kB, limit Y kB, failcnt Z" of the current report (memcg OOMs only).
         self.last_memcg_usage: tuple[int, int, int] | None = None
@@ -318,12 +326,7 @@ class OomAssembler:
         # Path of the latest memory.oom.group kill ("Tasks in <path> are going to be killed").
         self.last_oom_group: str | None = None
         self._last_seq: int | None = None
-        self._summary: dict[str, str] | None = None  # unclaimed oom-kill: fields
-        self._summary_text: str | None = None  # its raw body while pr_cont pieces may follow
-        self._task_in: _TaskIn | None = None
-        self._choice_prefix: str | None = None  # prefix of the latest "Kill process" line
-        self._last_kill: tuple[_KillContext, int] | None = None  # (context, victim pid)
-        self._group: _Group | None = None
+        self.reset()
 
     def reset(self) -> None:
         """Forget any partial report (the ``last_*`` attributes are kept)."""
