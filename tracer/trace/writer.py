@@ -61,67 +61,62 @@ def _errname(exc: OSError) -> str:
     return errno.errorcode.get(exc.errno or 0, str(exc.errno))
 
 
+# errno -> (what went wrong, the fix) when the trace cannot be created; {where}: its directory,
+# {name}: the errno's name. _ENOENT_DIR: the directory is there but makes no files (/proc, /sys).
+_ENOENT_DIR = -errno.ENOENT
+_OPEN_PROBLEMS: dict[int, tuple[str, str]] = {
+    errno.EEXIST: ("it exists", "choose another path, or replace it with --force"),
+    _ENOENT_DIR: (
+        "{where} does not accept new files",
+        "choose a path on an ordinary file system",
+    ),
+    errno.ENOENT: (
+        "directory {where} does not exist",
+        "create it (mkdir -p {where}) or choose another path",
+    ),
+    errno.EACCES: (
+        "permission denied: choose a writable path",
+        "write it to a directory you can write to, or run as a user that can write {where}",
+    ),
+    errno.EROFS: (
+        "read-only file system: choose a writable path",
+        "write it to a writable file system (e.g. under /tmp or /var/tmp)",
+    ),
+    errno.EISDIR: ("it is a directory", "give a file name inside it"),
+    errno.ENOTDIR: ("a component of {where} is not a directory", "choose another path"),
+    errno.ENOSPC: (
+        "disk full ({name})",
+        "free space on that file system or write the trace to another one",
+    ),
+    errno.ENXIO: (
+        "it is a FIFO or device, not a regular file",
+        "choose a path for a regular file",
+    ),
+}
+_OPEN_PROBLEMS[errno.EPERM] = _OPEN_PROBLEMS[errno.EACCES]
+_OPEN_PROBLEMS[errno.EDQUOT] = _OPEN_PROBLEMS[errno.ENOSPC]
+
+
 def _open_error(path: str, exc: OSError) -> OutputError:
     """An `OutputError` for a failed open of the trace path, naming the cause and the fix."""
     where = os.path.dirname(path) or "."
-    code = exc.errno
+    code = exc.errno or 0
     if code == errno.EEXIST and os.path.islink(path):
         code = errno.ELOOP  # same answer as a link met without O_EXCL
     elif code == errno.EEXIST and os.path.isdir(path):
         code = errno.EISDIR
-    if code == errno.EEXIST:
-        return OutputError(
-            f"cannot create trace {path}: it exists",
-            "choose another path, or replace it with --force",
-        )
-    if code == errno.ENOENT and os.path.isdir(where):
-        # The directory is there but makes no files: /proc, /sys and the like.
-        return OutputError(
-            f"cannot create trace {path}: {where} does not accept new files",
-            "choose a path on an ordinary file system",
-        )
-    if code == errno.ENOENT:
-        return OutputError(
-            f"cannot create trace {path}: directory {where} does not exist",
-            f"create it (mkdir -p {where}) or choose another path",
-        )
-    if code in (errno.EACCES, errno.EPERM):
-        return OutputError(
-            f"cannot create trace {path}: permission denied: choose a writable path",
-            f"write it to a directory you can write to, or run as a user that can write {where}",
-        )
-    if code == errno.EROFS:
-        return OutputError(
-            f"cannot create trace {path}: read-only file system: choose a writable path",
-            "write it to a writable file system (e.g. under /tmp or /var/tmp)",
-        )
+    elif code == errno.ENOENT and os.path.isdir(where):
+        code = _ENOENT_DIR
     if code == errno.ELOOP and os.path.islink(path):
         return OutputError(
             f"refusing to write trace {path}: it is a symbolic link",
             "remove the link or choose another path (a trace is never written through a link, "
             "which could point it at another file)",
         )
-    if code == errno.EISDIR:
-        return OutputError(
-            f"cannot create trace {path}: it is a directory", "give a file name inside it"
-        )
-    if code == errno.ENOTDIR:
-        return OutputError(
-            f"cannot create trace {path}: a component of {where} is not a directory",
-            "choose another path",
-        )
-    if code in (errno.ENOSPC, errno.EDQUOT):
-        return OutputError(
-            f"cannot create trace {path}: disk full ({_errname(exc)})",
-            "free space on that file system or write the trace to another one",
-        )
-    if code == errno.ENXIO:
-        return OutputError(
-            f"cannot create trace {path}: it is a FIFO or device, not a regular file",
-            "choose a path for a regular file",
-        )
+    problem, fix = _OPEN_PROBLEMS.get(code, ("{strerror} ({name})", "choose another path"))
+    names = {"where": where, "name": _errname(exc), "strerror": exc.strerror}
     return OutputError(
-        f"cannot create trace {path}: {exc.strerror} ({_errname(exc)})", "choose another path"
+        f"cannot create trace {path}: {problem.format(**names)}", fix.format(**names)
     )
 
 
