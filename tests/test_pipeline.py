@@ -93,18 +93,10 @@ class Tagger:
         for ev in events:
             if isinstance(ev, Exit):
                 self.seen += 1
-                extra.append(
-                    ProbeSample(
-                        ts=ev.ts,
-                        target="t",
-                        unit="",
-                        latency_ns=0,
-                        ok=True,
-                        timed_out=False,
-                        status=None,
-                        error="",
-                    )
+                ok = ProbeResult(
+                    ev.ts, latency_ns=0, ok=True, timed_out=False, status=None, error=""
                 )
+                extra.append(ok.sample("t"))
         return events + extra
 
 
