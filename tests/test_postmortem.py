@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from tests.containers import podman_container, systemd_unit
 from tracer.analysis.verdicts import Analyzer, Verdict
 from tracer.cli import main, postmortem_header
 from tracer.clock import monotonic_to_boottime, parse_rfc3339_ns, wall_to_boottime
@@ -80,21 +81,17 @@ def podman_info(
     restarts: int = 2,
     cgroup_path: str | None = None,
 ) -> ContainerInfo:
-    return ContainerInfo(
-        runtime="podman",
-        id=CID,
-        name="llm",
+    started = None if started_s is None else int(started_s * S) + REAL
+    finished = None if finished_s is None else int(finished_s * S) + REAL
+    return podman_container(
+        CID,
+        "llm",
         cgroup_path=cgroup_path,
-        pid=0,
         restart_count=restarts,
-        restart_policy="on-failure:2",
-        healthcheck=None,
         image="localhost/bb",
-        state="exited",
-        oom_killed=False,  # podman 4.3 says so for real OOM kills
         exit_code=exit_code,
-        started_ns=None if started_s is None else int(started_s * S) + REAL,
-        finished_ns=None if finished_s is None else int(finished_s * S) + REAL,
+        started_ns=started,
+        finished_ns=finished,
         command="dd",
     )
 
@@ -270,23 +267,15 @@ def killed_unit(
 ) -> ContainerInfo:
     """systemctl show of model.service after its main process was killed by signal 9
     (ExecMainCode=2, ExecMainStatus=9; started at 400 s, monotonic times), restarting."""
-    return ContainerInfo(
-        runtime="systemd",
-        id="model.service",
-        name="model.service",
+    return systemd_unit(
+        "model.service",
         cgroup_path=cgroup_path,
-        pid=0,
         restart_count=restarts,
-        restart_policy="on-failure",
-        healthcheck=None,
-        image="",
-        state="activating",
         oom_killed=oom_killed,
         exit_code=137,
         exit_pid=exit_pid,
         started_ns=400 * S + MONO,
         finished_ns=finished_ns,
-        times_clock="monotonic",
     )
 
 
