@@ -37,6 +37,7 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
 
+#include "cgroup.h"
 #include "events.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
@@ -179,26 +180,11 @@ struct {
 	__type(value, __u64);
 } gpu_live SEC(".maps");
 
-/* The same two helpers as whyrestart.bpf.c (the objects share no code, only events.h): the
- * cgroup id in the hierarchy user space names cgroups from. */
+/* A task's cgroup in the hierarchy user space names cgroups from (cgroup.h, as in
+ * whyrestart.bpf.c). */
 static __always_inline struct cgroup *task_cgroup(struct task_struct *task)
 {
-	if (gcfg.memcg_v1) {
-		int id = bpf_core_enum_value(enum cgroup_subsys_id, memory_cgrp_id);
-		struct css_set *cset = BPF_CORE_READ(task, cgroups);
-		struct cgroup_subsys_state *css = NULL;
-
-		if (!cset)
-			return NULL;
-		bpf_core_read(&css, sizeof(css), &cset->subsys[id]);
-		return css ? BPF_CORE_READ(css, cgroup) : NULL;
-	}
-	return BPF_CORE_READ(task, cgroups, dfl_cgrp);
-}
-
-static __always_inline __u64 cgroup_id_of(struct cgroup *cgrp)
-{
-	return cgrp ? BPF_CORE_READ(cgrp, kn, id) : 0;
+	return task_cgroup_in(task, gcfg.memcg_v1);
 }
 
 /* whyrestart.bpf.c's is_watched(), on the shared maps. */

@@ -18,6 +18,7 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
 
+#include "cgroup.h"
 #include "events.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
@@ -182,35 +183,10 @@ static __always_inline void *reserve(__u64 size)
 	return e;
 }
 
-/* The memory cgroup of a task (its css for the memory controller). */
-static __always_inline struct mem_cgroup *task_memcg(struct task_struct *task)
-{
-	int id = bpf_core_enum_value(enum cgroup_subsys_id, memory_cgrp_id);
-	struct css_set *cset = BPF_CORE_READ(task, cgroups);
-	struct cgroup_subsys_state *css = NULL;
-
-	if (!cset)
-		return NULL;
-	bpf_core_read(&css, sizeof(css), &cset->subsys[id]);
-	/* css is the first member of struct mem_cgroup */
-	return (struct mem_cgroup *)css;
-}
-
-/* A task's cgroup in the hierarchy user space names cgroups from: the v1 memory hierarchy on a
- * hybrid host (the v2 tree is empty there), else the unified (default) hierarchy. */
+/* A task's cgroup in the hierarchy user space names cgroups from (cgroup.h). */
 static __always_inline struct cgroup *task_cgroup(struct task_struct *task)
 {
-	if (cfg.memcg_v1) {
-		struct mem_cgroup *memcg = task_memcg(task);
-
-		return memcg ? BPF_CORE_READ(memcg, css.cgroup) : NULL;
-	}
-	return BPF_CORE_READ(task, cgroups, dfl_cgrp);
-}
-
-static __always_inline __u64 cgroup_id_of(struct cgroup *cgrp)
-{
-	return cgrp ? BPF_CORE_READ(cgrp, kn, id) : 0;
+	return task_cgroup_in(task, cfg.memcg_v1);
 }
 
 static __always_inline __u64 memcg_id(struct mem_cgroup *memcg)
