@@ -315,6 +315,10 @@ class Agent:
     def _cut(self, incident: str, path: str | None, error: str | None) -> None:
         if error is not None:
             self._note(f"incident {incident} could not be kept: {error}")
+            return
+        # (an incident after a storm can be a good part of the budget: applied now, not at
+        # the next tick, so that the directory stands above it only while one is written)
+        self._evicted(self.state.enforce(self.config.max_disk, keep=self.segments.current))
 
     def _note(self, text: str) -> None:
         print(f"whyrestart agent: {field(text)}", file=sys.stderr, flush=True)
