@@ -54,6 +54,8 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure, FigureBase
 
+    from tracer.events import GpuAllocFailure, GpuOomRecovered
+
 MAX_POINTS = 4000  # per series in a chart: enough for a smooth curve, small SVG
 MAX_LABELLED_MARKERS = 14  # per chart; more markers are drawn, unlabelled
 MAX_UNIT_CHARTS = 24  # per report; more units are listed by name
@@ -208,6 +210,23 @@ class _Chart:
         fig.subplots_adjust(left=0.07, right=0.68, top=0.9, bottom=0.08, hspace=0.25)
         return out
 
+    def _draw_panels(
+        self,
+        axes: list[Axes],
+        panels: Sequence[str],
+        of: UnitTimeline | HostTimeline,
+        markers: Sequence[Marker],
+        labelled: str,
+    ) -> None:
+        """Each panel by its ``_p_<name>`` method, then the markers (their labels on the
+        ``labelled`` panel only) and the legends."""
+        for name, ax in zip(panels, axes, strict=True):
+            draw: Callable[[Axes, UnitTimeline | HostTimeline], None] = getattr(self, f"_p_{name}")
+            draw(ax, of)
+            self._markers(ax, markers, labels=name == labelled)
+            self._legend(ax)
+        self._marker_legend(axes[0], markers)
+
     # -- units -------------------------------------------------------------------------------
 
     def draw_unit(self, fig: FigureBase, u: UnitTimeline) -> None:
@@ -219,12 +238,7 @@ class _Chart:
             v = kills[0]
             title += f" — pid {v.pid} ({v.comm}): {v.cause}"
         fig.suptitle(title, fontsize=12, x=0.07, ha="left")
-        for name, ax in zip(panels, axes, strict=True):
-            draw: Callable[[Axes, UnitTimeline], None] = getattr(self, f"_p_{name}")
-            draw(ax, u)
-            self._markers(ax, u.markers, labels=name == "memory")
-            self._legend(ax)
-        self._marker_legend(axes[0], u.markers)
+        self._draw_panels(axes, panels, u, u.markers, "memory")
 
     def _p_memory(self, ax: Axes, u: UnitTimeline) -> None:
         # The y axis is sized for the limits and the cgroups under them: a unit's process that
@@ -398,27 +412,29 @@ class _Chart:
                 f"pid {pid} on GPU {index} (NVML)",
                 None,
             )
-        if u.gpu_failures:
-            ax.scatter(
-                [self.x(f.ts) for f in u.gpu_failures],
-                [(f.held_bytes + f.requested_bytes) / div for f in u.gpu_failures],
-                marker="x",
-                color="#d62728",
-                s=40,
-                zorder=5,
-                label="allocation failed (held + requested)",
-            )
-        if u.gpu_recovered:
-            ax.scatter(
-                [self.x(r.ts) for r in u.gpu_recovered],
-                [(r.held_bytes + r.requested_bytes) / div for r in u.gpu_recovered],
-                marker="o",
-                facecolors="none",
-                edgecolors="#2ca02c",
-                s=40,
-                zorder=5,
-                label="allocation succeeded again (recovered)",
-            )
+        allocations: list[tuple[Sequence[GpuAllocFailure | GpuOomRecovered], dict[str, str], str]]
+        allocations = [
+            (
+                u.gpu_failures,
+                {"marker": "x", "color": "#d62728"},
+                "allocation failed (held + requested)",
+            ),
+            (
+                u.gpu_recovered,
+                {"marker": "o", "facecolors": "none", "edgecolors": "#2ca02c"},
+                "allocation succeeded again (recovered)",
+            ),
+        ]
+        for group, style, label in allocations:
+            if group:
+                ax.scatter(
+                    [self.x(a.ts) for a in group],
+                    [(a.held_bytes + a.requested_bytes) / div for a in group],
+                    label=label,
+                    zorder=5,
+                    s=40,
+                    **style,  # type: ignore[arg-type]
+                )
         totals = {
             idx: samples[-1].total_bytes
             for idx, samples in self.t.host.gpus.items()
@@ -471,12 +487,7 @@ class _Chart:
             x=0.07,
             ha="left",
         )
-        for name, ax in zip(panels, axes, strict=True):
-            draw: Callable[[Axes, HostTimeline], None] = getattr(self, f"_p_{name}")
-            draw(ax, h)
-            self._markers(ax, h.markers, labels=name == "host_memory")
-            self._legend(ax)
-        self._marker_legend(axes[0], h.markers)
+        self._draw_panels(axes, panels, h, h.markers, "host_memory")
 
     def _p_host_memory(self, ax: Axes, h: HostTimeline) -> None:
         s = h.samples
