@@ -543,9 +543,11 @@ def gpu_exit(v: ExitView) -> Finding | None:
     """gpu_oom, device_reset, or an app_exit that GPU evidence explains (a recovered GPU OOM,
     an Xid 31/43 fault)."""
     store = v.ev.gpu
-    if not store.seen():
-        return None  # no GPU evidence in this recording at all (the common case: cheap)
     ex = v.ex
+    if ex.pid not in store.by_pid and not store.xids and not store.lost:
+        # no GPU evidence about this process, nor any device report: the common case, even
+        # on a GPU host (an agent judges every failing script there)
+        return None
     f = gpu_rules.facts(store, ex, v.since)
     if not (f.user or f.device_down):
         return None
