@@ -193,7 +193,8 @@ def target_options(fn: F) -> F:
             "--unit",
             "units",
             multiple=True,
-            help="Watch a systemd unit (needs systemd; repeatable).",
+            help="Watch a systemd unit, across its restarts and from before it starts "
+            "(needs systemd as PID 1; repeatable).",
         ),
         click.option(
             "--pod",
