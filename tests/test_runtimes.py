@@ -732,6 +732,24 @@ def test_a_cgroup_seen_being_created_takes_its_main_process_from_the_kernel() ->
     assert there is not None and (there.unit_id, there.main_pid) == (cid, 4242)
 
 
+def test_a_runtimes_late_answer_about_a_recreated_cgroup_names_no_main_process() -> None:
+    """The runtime answers a moment after the cgroup was seen (a run OOM-killed within 100 ms
+    of its start): when the path holds a new cgroup by then, the pid it gives is the next run's
+    and must not be this cgroup's main process."""
+    from tracer.follow import Follower
+
+    rt = _MemRuntime()
+    cid = "a" * 64
+    rt.counts, rt.running = {cid: 1}, {cid: 4242}
+    path = f"/docker/{cid}"
+    moved = Follower([], None, lambda _cid: None, runtimes=[rt], id_now=lambda _p: 99)
+    info = moved.name(1, path, 0)
+    assert info is not None and (info.unit_id, info.main_pid) == (cid, 0)
+    still = Follower([], None, lambda _cid: None, runtimes=[rt], id_now=lambda _p: 1)
+    info = still.name(1, path, 0)
+    assert info is not None and info.main_pid == 4242
+
+
 def _clock() -> Callable[[], int]:
     ticks = iter(range(1, 1_000_000))
     return lambda: next(ticks)

@@ -69,8 +69,12 @@ class Follower:
         path_of: Callable[[int], str | None],
         runtimes: list[Runtime] | None = None,
         units: Sequence[str] = (),
+        id_now: Callable[[str], int | None] | None = None,
     ) -> None:
+        """``id_now``: the id of the cgroup at a path now (``CgroupResolver.id_now``), to
+        check that a runtime's answer still describes the cgroup being named."""
         self.path_of = path_of
+        self.id_now = id_now
         # asking which runtimes answer costs a podman call or two: only when a container
         # is targeted or seen
         self._runtimes = runtimes
@@ -213,9 +217,16 @@ class Follower:
             # moment after the mkdir, can already describe the next run: its pid would make
             # this run's own main process look exec'd in from outside (a main exit and a
             # restart link missing)
+            # And the runtime is asked only now, a poll or more after the cgroup was first seen
+            # (a run that dies within 100 ms, an OOM at start): its pid is this cgroup's only
+            # if the cgroup at the path is still this one once it has answered.
             main = (
                 found.pid
-                if found and not created and found.cgroup_path == path and self._fresh(found)
+                if found
+                and not created
+                and found.cgroup_path == path
+                and (self.id_now is None or (path is not None and self.id_now(path) == cgroup_id))
+                and self._fresh(found)
                 else 0
             )
             info = UnitInfo(

@@ -293,7 +293,11 @@ class Recorder:
         cg_layout = CgroupLayout.from_system()
         resolver = CgroupResolver(cg_layout)
         self.follower = Follower(
-            self.targets.containers, self.targets.probes, resolver.path_of, units=self.targets.units
+            self.targets.containers,
+            self.targets.probes,
+            resolver.path_of,
+            units=self.targets.units,
+            id_now=resolver.id_now,
         )
         for path in self.follower.initial_cgroups():
             self.targets.cgroups.append(path)

@@ -415,6 +415,14 @@ class CgroupResolver:
             return None
         return _memory_path(parse_proc_cgroup(text), self.layout)
 
+    def id_now(self, path: str) -> int | None:
+        """The id of the cgroup at ``path`` now, or None when there is none (``id_of``
+        without the error: a path made again holds a new id)."""
+        try:
+            return self.id_of(path)
+        except UsageError:
+            return None
+
     def exists(self, path: str) -> bool:
         """Whether the cgroup ``path`` (as ``id_of`` takes it) exists now."""
         abs_path = self._abs(relative(self.layout, path))
