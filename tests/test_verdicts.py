@@ -652,6 +652,24 @@ def container_stream(pid: int, at: float) -> list[Event]:
     ]
 
 
+def test_an_exec_caught_in_runc_init_when_the_container_dies_is_no_main_process() -> None:
+    """Docker's health check is a `docker exec`: one caught in runc init when the container's
+    init is killed is killed by the kernel with it, just after; it is neither a main exit nor
+    the run a restart starts from (seen once in a Compose health-check restart)."""
+    a = Analyzer()
+    events = [
+        *container_stream(100, 0.0),
+        forked(1.0, 90, 150, 50, "runc:[2:INIT]"),  # (its parent: the runtime, outside)
+        killed(2.0, 100, signal.SIGKILL, cg=50),
+        killed(2.002, 150, signal.SIGKILL, comm="runc:[2:INIT]", cg=50, ppid=90),
+        execd(2.2, 200, 50, "llm"),
+        forked(5.0, 200, 201, 50, "llm"),
+    ]
+    verdicts = a.feed_all(events)
+    assert [(v.pid, v.main) for v in verdicts] == [(100, True), (150, False)]
+    assert [(r.old_pid, r.new_pid) for r in a.restarts] == [(100, 200)]
+
+
 def test_container_units_are_named_by_the_runtime_and_restarts_linked() -> None:
     a = Analyzer()
     events = [

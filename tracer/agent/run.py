@@ -284,10 +284,7 @@ class Agent:
             self.recorder.forget_cgroups(forget)
 
     def _cgroup_exists(self, cgroup_id: int, path: str) -> bool:
-        try:
-            return self.resolver.id_of(path) == cgroup_id  # (a path made again is a new id)
-        except UsageError:
-            return False
+        return self.resolver.id_now(path) == cgroup_id  # (a path made again is a new id)
 
     def _alive(self, unit: str) -> bool:
         """A unit's cgroup still exists (asked once its series have been quiet for the ttl:

@@ -302,7 +302,10 @@ class Analyzer:
                     unit = named.get(proc.cgroup_id) or proc.unit
                     if unit is UNSET:
                         unit = proc.unit = find_unit(proc)
-                    main = is_main(pid, proc, unit)
+                    # (a runtime's setup process is never a unit's main process: a `docker
+                    # exec` health check caught in runc init when the container's init dies is
+                    # killed with it, after the main process, and is no run of the container)
+                    main = not is_plumbing[ev.comm] and is_main(pid, proc, unit)
                     pending.append((ev.ts, pid, ev, unit, main))
                     # (a command tree is not restarted by anyone: no need to remember its end)
                     if main and unit is not None and unit.kind != "command":
