@@ -896,6 +896,20 @@ def test_a_trace_of_many_blocks_reads_back_whole(tmp_path: Path) -> None:
     assert reader.warnings == []
 
 
+@pytest.mark.parametrize("name", ["t.trace", pytest.param("t.trace.zst", marks=needs_zstd)])
+def test_a_small_read_block_reads_the_same_events(tmp_path: Path, name: str) -> None:
+    """The agent cuts incidents with a small block (less memory at once): lines cut across
+    blocks, and zstd frames across reads, still give every event, in order."""
+    events = _many(5_000)
+    path = tmp_path / name
+    write_trace(path, events)
+    with TraceReader(path, block_bytes=1000) as reader:
+        got = list(reader)
+    assert got == events
+    assert reader.footer is not None and reader.counts == reader.footer.counts
+    assert reader.warnings == []
+
+
 def test_damage_deep_in_a_long_trace_names_its_line(tmp_path: Path) -> None:
     events = _many(40_000)
     path = tmp_path / "t.trace"

@@ -33,6 +33,9 @@ from tracer.trace.writer import TraceWriter
 DEFAULT_BEFORE_S = 120.0
 DEFAULT_AFTER_S = 30.0
 MAX_WINDOW_S = 600.0
+# Text decoded at once while cutting: the default 1 MiB block is fastest for a replay, but made
+# an always-on agent's RSS 11 MB higher for the minute after an incident cut from a storm.
+CUT_READ_BLOCK = 128 * 1024
 
 
 def notable(v: Verdict, in_unit: bool = True) -> bool:
@@ -167,7 +170,7 @@ class IncidentStore:
 
         try:
             for seg in self._segments_for(p):
-                with TraceReader(seg) as reader:
+                with TraceReader(seg, CUT_READ_BLOCK) as reader:
                     header = header or reader.header
                     for ev in reader:
                         if ev.ts > p.end:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from prometheus_client import start_http_server
 
+from tracer import selfguard
 from tracer.agent.incidents import DEFAULT_AFTER_S, DEFAULT_BEFORE_S, IncidentStore, notable
 from tracer.agent.journal import Journal, restart_entry, verdict_entry
 from tracer.agent.metrics import DEFAULT_SERIES_TTL_S, Metrics
@@ -316,6 +317,8 @@ class Agent:
         # (an incident after a storm can be a good part of the budget: applied now, not at
         # the next tick, so that the directory stands above it only while one is written)
         self._evicted(self.state.enforce(self.config.max_disk, keep=self.segments.current))
+        # (what the cut read is freed now: handed back at once, not at the next minute's trim)
+        selfguard.trim_heap()
 
     def _note(self, text: str) -> None:
         print(f"whyrestart agent: {field(text)}", file=sys.stderr, flush=True)
