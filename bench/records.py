@@ -22,6 +22,7 @@ class Work(TypedDict, total=False):
     bad_status: int
     fork_retries: int
     codes: str
+    fork: str  # how the storm made its children: "fork" or "vfork"
     # signal storm
     child: int
     sent: int

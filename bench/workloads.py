@@ -55,14 +55,17 @@ class StormWork(Workload):
         rate: float = 0,
         env: dict[str, str] | None = None,
         codes: str = "mixed",
+        vfork: bool = False,
     ) -> None:
         self.seconds, self.batch, self.rate, self.env = seconds, batch, rate, env
         self.codes = codes  # "mixed": children exit i & 0xff; "zero": all exit 0
+        self.vfork = vfork  # children made with vfork(2): the agent's storm, past 10k exits/s
 
     def command(self, opts: Options) -> list[str]:
         seconds = self.seconds or opts.seconds
         batch = self.batch or opts.batch
-        return opts.pinned([str(STORM), str(seconds), str(batch), str(self.rate), self.codes])
+        args = [str(STORM), str(seconds), str(batch), str(self.rate), self.codes]
+        return opts.pinned([*args, "vfork"] if self.vfork else args)
 
     def run(self, opts: Options, tmp: Path) -> Work:
         seconds = self.seconds or opts.seconds
@@ -82,6 +85,7 @@ def parse_storm(kv: dict[str, str]) -> Work:
         "bad_status": int(kv["bad_status"]),
         "fork_retries": int(kv["fork_retries"]),
         "codes": kv.get("codes", "mixed"),
+        "fork": kv.get("fork", "fork"),
     }
 
 
