@@ -70,6 +70,7 @@ class Options:
     agent_storm: float = 10.0
     agent_fatal: int = 20
     agent_ooms: int = 5
+    agent_cgroups: int = 100  # kubelet's default --max-pods is 110
     agent_kills: int = 50
     agent_oom_limit_mib: int = 16
     agent_soak: float = 180.0
@@ -112,6 +113,7 @@ SECTION_OPTIONS: tuple[tuple[str, str], ...] = (
     ("agent_storm", "agent: length of the unpaced storm mixed with failures, s (10)"),
     ("agent_fatal", "agent: processes killed by a fatal signal during the storm (20)"),
     ("agent_ooms", "agent: cgroup OOM kills during the storm (5)"),
+    ("agent_cgroups", "agent: idle containers' cgroups, each sampled, for the crowded idle (100)"),
     ("agent_kills", "agent: OOM kills timed to /metrics and history (50)"),
     ("agent_oom_limit_mib", "agent: memory limit of the OOM kills' cgroup, MiB (16)"),
     ("agent_soak", "agent: RSS soak length, s (180; the issue's full soak: 1800)"),
@@ -212,6 +214,7 @@ def parse_args(argv: list[str] | None = None) -> Options:
         opts.gpuhold_runs, opts.gpuhold_storm = 2, 20
         opts.agent_idle, opts.agent_paced, opts.agent_storm, opts.agent_soak = 2.0, 1.0, 1.0, 5.0
         opts.agent_fatal, opts.agent_ooms, opts.agent_kills = 2, 1, 3
+        opts.agent_cgroups = 5
     if opts.rounds < 1 or opts.seconds <= 0:
         ap.error("--rounds and --seconds must be positive")
     bad = [s for s in opts.sections if s not in SECTIONS]

@@ -126,8 +126,15 @@ def test_agent_section_accounts_for_every_failure(quick: tuple[str, dict[str, An
     for phase in ("bare", "exitsnoop", "agent"):
         assert "error" not in agent[phase], agent[phase]["error"]
     rows = _table_rows(text, *TABLES["agent"])
-    assert [row.split("|")[1].strip() for row in rows] == ["bare", "exitsnoop", "whyrestart agent"]
+    assert [row.split("|")[1].strip() for row in rows] == [
+        "bare",
+        "exitsnoop",
+        "whyrestart agent",
+        "whyrestart agent, 5 of 5 containers' cgroups idle",
+    ]
     a = agent["agent"]
+    # every container of the crowd ran through its CPU window
+    assert a["crowd"]["running"] == a["crowd"]["cgroups"] == 5
     # SIGTERM: the agent flushes and exits 0
     assert a["tool_rc"] == 0 and a["tool_killed"] is False, a.get("stderr_tail")
     storm = a["storm"]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.streams import execd, exit_code, forked, t
+from tests.streams import S, execd, exit_code, forked, t
 from tracer.events import GpuLibrary
 from tracer.gpu.side import GpuSide
 
@@ -43,7 +43,7 @@ class Clock:
 
 
 @contextmanager
-def gpu_side(proc: Path, filter_all: bool) -> Iterator[GpuSide]:
+def gpu_side(proc: Path, filter_all: bool, rescan_max_gap_ns: int = S) -> Iterator[GpuSide]:
     """A GpuSide over the fixture /proc, without its BPF object (no uprobes), closed after."""
     s = GpuSide(
         filter_all=filter_all,
@@ -52,6 +52,7 @@ def gpu_side(proc: Path, filter_all: bool) -> Iterator[GpuSide]:
         attach_host=False,
         proc=str(proc),
         clock=Clock(),
+        rescan_max_gap_ns=rescan_max_gap_ns,
     )
     try:
         yield s
@@ -146,3 +147,32 @@ def test_second_looks_are_bounded_and_take_turns(
     # an exit takes a process out of the turns
     side.track([exit_code(105, 10_000, 0)])
     assert 10_000 not in drain(106) + drain(107.5) + drain(109)
+
+
+@pytest.mark.parametrize(
+    ("max_gap_s", "expected"),
+    [
+        (1, list(range(100, 141))),  # the recorder: every round
+        (8, [100, 101, 102, 104, 108, 116, 124, 132, 140]),  # the agent's way, capped at 8 s
+    ],
+)
+def test_second_looks_back_off_up_to_the_longest_gap(
+    proc: Path, monkeypatch: pytest.MonkeyPatch, max_gap_s: int, expected: list[int]
+) -> None:
+    from tracer.gpu import libcuda
+    from tracer.gpu import side as side_mod
+
+    looked: list[int] = []
+    now = [t(100)]
+
+    def fake_maps(pid: int, proc: str = "/proc") -> list[libcuda.Mapping]:
+        looked.append(now[0])
+        return []
+
+    monkeypatch.setattr(side_mod.libcuda, "mappings_of", fake_maps)
+    with gpu_side(proc, filter_all=False, rescan_max_gap_ns=max_gap_s * S) as side:
+        side.watch([200])
+        for second in range(100, 141):
+            now[0] = t(second)
+            side.poll(now[0])
+    assert [round((x - t(0)) / S) for x in looked] == expected

@@ -940,6 +940,48 @@ def test_set_samples_soon_after_an_oom_kill_in_a_watched_cgroup(tmp_path: Path) 
     assert not of_type(ss.due(40 * MS), CgroupSample)
 
 
+def test_set_quiet_interval_skips_full_samples_of_a_cgroup_that_did_not_move(
+    tmp_path: Path,
+) -> None:
+    """The agent's quiet interval: a cgroup whose usage stays within 1 MiB, far from its
+    limits and not under pressure, is sampled in full once per quiet interval; anything that
+    moves, nears a limit, shows pressure or is asked for (sample_soon) is sampled at once."""
+    root, layout = v2_tree(tmp_path, "v2_debian12_6_1")
+    calm = "".join(f"{k} avg10=0.00 avg60=0.00 avg300=0.00 total=0\n" for k in ("some", "full"))
+    for rel in ("/system.slice", D12_SCOPE):
+        write(root, rel, "memory.pressure", calm)
+    ss = make_set(
+        layout, interval_ns=1000 * MS, fast_interval_ns=50 * MS, quiet_interval_ns=10_000 * MS
+    )
+    ss.watch_cgroup(D12_SCOPE)
+
+    def full(t_ms: int) -> list[str]:
+        return [e.path for e in of_type(ss.due(t_ms * MS), CgroupSample)]
+
+    # (the v2 root has no memory.current here: never known to be quiet, sampled every time)
+    assert full(0) == ["/", "/system.slice", D12_SCOPE]  # the first: in full
+    assert full(1000) == ["/"]  # nothing moved: one read of memory.current each
+    write(root, D12_SCOPE, "memory.current", f"{300 * MiB + 512 * KiB}\n")  # under 1 MiB
+    assert full(2000) == ["/"]
+    write(root, D12_SCOPE, "memory.current", f"{302 * MiB}\n")  # it moved
+    assert full(3000) == ["/", D12_SCOPE]
+    assert full(4000) == ["/"]
+    assert full(10_000) == ["/", "/system.slice"]  # 10 s since its last full sample
+    assert full(13_000) == ["/", D12_SCOPE]  # and this one's, taken at 3 s
+    ss.sample_soon(ino(root, D12_SCOPE))  # an OOM kill there: in full at once
+    assert full(13_100) == ["/", "/system.slice", D12_SCOPE]
+    write(root, D12_SCOPE, "memory.pressure", "some avg10=2.50 avg60=0.00 avg300=0.00 total=9\n")
+    write(root, D12_SCOPE, "memory.current", f"{304 * MiB}\n")
+    assert full(14_100) == ["/", D12_SCOPE]  # moved, and now under pressure ...
+    write(root, D12_SCOPE, "memory.current", f"{304 * MiB}\n")
+    assert full(15_100) == ["/", D12_SCOPE]  # ... so not quiet while the pressure lasts
+    write(root, D12_SCOPE, "memory.pressure", calm)
+    write(root, D12_SCOPE, "memory.high", f"{320 * MiB}\n")  # 95% of memory.high
+    assert full(16_100) == ["/", D12_SCOPE]
+    assert full(17_100) == ["/", D12_SCOPE]  # near memory.high: never quiet
+    ss.close()
+
+
 def test_set_fast_interval_when_an_ancestor_is_near_its_limit(tmp_path: Path) -> None:
     # The pod kubelet sized for one container sits at 97% of its 256 MiB: the watched
     # container is sampled fast from the start, its ancestors with it.

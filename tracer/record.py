@@ -34,7 +34,7 @@ from tracer.clock import boottime_ns, realtime_offset_ns
 from tracer.errors import KernelUnsupported, OutputError, PermissionProblem, UsageError
 from tracer.events import Event
 from tracer.follow import Follower, ProbeSetup
-from tracer.gpu.side import GpuSide
+from tracer.gpu.side import SCAN_INTERVAL_NS, GpuSide
 from tracer.parse.cgroup import parse_proc_cgroup
 from tracer.pipeline.core import Enricher, Pipeline, Sink, Source, header_parts
 from tracer.pipeline.enrich import CgroupNamer, Follow, SenderExe, WatchSet
@@ -208,6 +208,8 @@ class Recorder:
         on_event: Callable[[Event | None, list[Verdict]], None] | None = None,
         stall_threshold_ns: int = DEFAULT_STALL_THRESHOLD_NS,
         sample_interval_ns: int = DEFAULT_INTERVAL_NS,
+        quiet_interval_ns: int | None = None,
+        gpu_rescan_max_gap_ns: int = SCAN_INTERVAL_NS,
         overwrite: bool = False,
         sources: Sequence[Source] = (),
         sinks: Sequence[Sink] = (),
@@ -229,6 +231,8 @@ class Recorder:
         self._reload_pending = False
         self._guard: selfguard.Guard | None = None
         self.sample_interval_ns = sample_interval_ns
+        self.quiet_interval_ns = quiet_interval_ns  # (tracer.sources.samplers.SamplerSet)
+        self.gpu_rescan_max_gap_ns = gpu_rescan_max_gap_ns  # (tracer.gpu.side.GpuSide)
         self.stall_threshold_ns = stall_threshold_ns
         self.output = output
         self.targets = targets
@@ -341,7 +345,12 @@ class Recorder:
         look at the watched set."""
         attached = kernel.attach()
         t = self.targets
-        samplers = SamplerSet(cg_layout, resolver, interval_ns=self.sample_interval_ns)
+        samplers = SamplerSet(
+            cg_layout,
+            resolver,
+            interval_ns=self.sample_interval_ns,
+            quiet_interval_ns=self.quiet_interval_ns,
+        )
         watch = WatchSet(
             kernel, samplers, resolver, every=t.all, pids=t.pids, cgroup_paths=t.cgroups
         )
@@ -370,6 +379,7 @@ class Recorder:
                     "watched_cgroups": kernel.watched_cgroups.fd,
                 },
                 watch_cgroups=bool(kernel.config.watch_cgroups),
+                rescan_max_gap_ns=self.gpu_rescan_max_gap_ns,
             )
             gpu_source = GpuSource(gpu)
             opened.append(gpu_source)

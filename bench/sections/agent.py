@@ -65,6 +65,7 @@ from tracer.trace.reader import TraceReader
 
 Result = dict[str, Any]  # one phase's raw numbers, as --json keeps them
 POLL_S = 0.02  # how often the latency phase looks at /metrics and the journal
+CROWD_SETTLE_S = 5.0  # from the crowd's start to its CPU window
 KILL_WAIT_S = 30.0  # a kill not in both by then is reported missing
 OOM_METRIC = "whyrestart_oom_kills"
 
@@ -376,6 +377,38 @@ def _soak(opts: Options, tmp: Path, agent: Agent) -> Result:
     return {"work": parse_storm(key_values(out.read_text())), **rss_growth(rss)}
 
 
+def _crowd(opts: Options, agent: Agent) -> Result:
+    """The agent's CPU at idle on a node full of containers: --agent-cgroups child memory
+    cgroups (1 GiB limit each), each with a process that joins it and execs ``sleep``, as runc
+    starts a container's entrypoint. The agent names and samples every one of them (each
+    with its ancestors, once a second): the cost that grows with the node."""
+    pid = os.getpid()
+    cgs = [
+        memory_cgroup(f"wr-bench-agent-{pid}-crowd{k}", 1 << 30) for k in range(opts.agent_cgroups)
+    ]
+    procs: list[Popen] = []
+    try:
+        for cg in cgs:
+            cg.__enter__()
+            join = os.path.join(cg.abs_path, "cgroup.procs")
+            procs.append(spawn(["sh", "-c", 'echo $$ > "$1" && exec sleep 3600', "sh", join]))
+        time.sleep(CROWD_SETTLE_S)  # named, sampled, and past the first samples
+        res: Result = {
+            "cgroups": len(cgs),
+            "running": sum(p.poll() is None for p in procs),
+            "idle_cpu_pct": _idle_cpu(agent.proc.pid, opts.agent_idle),
+        }
+    finally:
+        for p in procs:
+            with contextlib.suppress(OSError):
+                p.kill()
+            with contextlib.suppress(subprocess.SubprocessError):
+                p.wait(10)
+        for cg in cgs:
+            remove_cgroup(cg)
+    return res
+
+
 def _exitsnoop_phase(opts: Options, tmp: Path) -> Result:
     v = Exitsnoop(opts, "storm")
     d = tmp / "exitsnoop"
@@ -405,6 +438,9 @@ def _agent_phase(opts: Options, tmp: Path) -> Result:
         res["idle_disk_bytes"] = grew
         res["idle_disk_mib_per_day"] = grew / (time.monotonic() - t0) * 86400 / MiB
         res["paced"] = _paced(opts, d, agent.proc.pid, "paced")
+        if opts.agent_cgroups:
+            say(f"agent: idle with {opts.agent_cgroups} containers' cgroups")
+            res["crowd"] = _crowd(opts, agent)
         say("agent: storm with failures")
         res["storm"] = _storm(opts, d, agent)
         say(f"agent: {opts.agent_kills} OOM kills, timed to /metrics and history")
@@ -493,8 +529,14 @@ def _report(opts: Options, bare: Result, snoop: Result, agent: Result, load: Res
         f"| {_f(ap.get('work', {}).get('per_s'), ',.0f')} | {_f(ap.get('tool_cpu_pct'))} "
         f"| {_f(ap.get('work_cpu_pct'))} "
         f"| {_ratio(ap.get('tool_cpu_pct'), sp.get('tool_cpu_pct'))} |",
-        "",
     ]
+    crowd = agent.get("crowd")
+    if crowd:
+        out.append(
+            f"| whyrestart agent, {crowd['running']} of {crowd['cgroups']} containers' cgroups "
+            f"idle | {_f(crowd.get('idle_cpu_pct'))} | n/a | n/a | n/a | n/a |"
+        )
+    out.append("")
     for k, e in failed.items():
         out.append(f"{k}: failed: {e}")
     idle, paced = agent.get("idle_cpu_pct"), ap.get("tool_cpu_pct")
@@ -577,6 +619,10 @@ def _report(opts: Options, bare: Result, snoop: Result, agent: Result, load: Res
             "so). **CPU % of a core**: the tool's utime+stime from /proc/PID/stat over the "
             "window. **idle**: {agent_idle:g} s with no workload of ours (the machine's other "
             "users still fork and exit: the ratio to exitsnoop is the number to read). "
+            "**containers' cgroups idle**: after the paced run, {agent_cgroups} child memory "
+            "cgroups (1 GiB limit each), each with a `sleep` that joined it and exec'd (as "
+            "runc starts an entrypoint), which the agent names and samples once a second; its "
+            "CPU over {agent_idle:g} s from {crowd_settle:g} s after they started. "
             "**paced**: build/bench/wr-storm, children exiting 0 in batches of 10 on an "
             "absolute schedule at {agent_rate:,.0f}/s for {agent_paced:g} s, inside a child "
             "memory cgroup "
@@ -611,5 +657,6 @@ def _report(opts: Options, bare: Result, snoop: Result, agent: Result, load: Res
         ],
         opts,
         poll=POLL_S * 1000,
+        crowd_settle=CROWD_SETTLE_S,
     )
     return "\n".join(out) + "\n"

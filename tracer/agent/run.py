@@ -44,6 +44,12 @@ AGENT_POLL_MS = 100
 AGENT_IDLE_POLL_MS = 500
 MAX_UNIT_PATHS = 65536
 AGENT_SAMPLE_INTERVAL_NS = 1_000_000_000
+# a cgroup whose usage has not moved is sampled in full every 10 s, not every second: 100 idle
+# containers cost the agent 1.2% of a core at idle, sampled in full each second
+AGENT_QUIET_INTERVAL_NS = 10_000_000_000
+# a process not mapping libcuda is looked at again after 1, 2, 4 ... s, at most every minute
+# (tracer/gpu/side.py): not each second for every long-running server on the node
+AGENT_GPU_RESCAN_MAX_NS = 60_000_000_000
 DEFAULT_MAX_DISK = 1 << 30
 DEFAULT_METRICS_ADDR = "127.0.0.1:9464"
 
@@ -146,6 +152,8 @@ class Agent:
                 poll_ms=AGENT_POLL_MS,
                 idle_poll_ms=AGENT_IDLE_POLL_MS,  # (and half a second once quiet for a second)
                 sample_interval_ns=AGENT_SAMPLE_INTERVAL_NS,
+                quiet_interval_ns=AGENT_QUIET_INTERVAL_NS,
+                gpu_rescan_max_gap_ns=AGENT_GPU_RESCAN_MAX_NS,
             )
             self.recorder.run()
         finally:

@@ -55,7 +55,7 @@ from tracer.gpu import holdguard, libcuda
 from tracer.gpu.nvml import DEFAULT_INTERVAL_S, Clock, GpuSampler, open_nvml
 from tracer.sources import system
 
-__all__ = ["GpuSide"]
+__all__ = ["SCAN_INTERVAL_NS", "GpuSide"]
 
 SCAN_INTERVAL_NS = 1_000_000_000
 # /proc/PID/maps of a large process takes ~1 ms to read and parse: this many per call keeps a
@@ -64,6 +64,11 @@ MAX_SCANS_PER_POLL = 16
 # ... and this many second looks per round bounds the cost on a host with thousands of
 # processes (--all): they are looked at in turn, every few seconds each, instead.
 MAX_RESCANS_PER_ROUND = 256
+# A process not mapping libcuda is looked at again every round (every second) by default. With
+# a longer ``rescan_max_gap_ns`` (the always-on agent's) the gap doubles after each look, up to
+# it: a node's hundred long-running non-GPU servers are not read every second (a large
+# process's maps take ~1 ms), and an unprobed libcuda opened between looks is still held by
+# the kernel until it is probed (``hold``).
 
 
 class GpuSide:
@@ -87,6 +92,7 @@ class GpuSide:
         shared_maps: dict[str, int] | None = None,
         watch_cgroups: bool = False,
         hold: bool = True,
+        rescan_max_gap_ns: int = SCAN_INTERVAL_NS,
     ) -> None:
         """``shared_maps``: the main object's watched_pids / watched_cgroups descriptors (the
         GPU programs then watch exactly what it watches, from the fork on); without them this
@@ -138,6 +144,8 @@ class GpuSide:
         self._queue: deque[int] = deque()
         self._queued: set[int] = set()  # the live entries of _queue (an exit removes one)
         self._rescan_after = 0  # where the last round of second looks stopped (a pid)
+        self._rescan_max_gap_ns = rescan_max_gap_ns
+        self._next_look: dict[int, tuple[int, int]] = {}  # pid -> (due, gap) of its next look
         self._next_scan = clock() + SCAN_INTERVAL_NS
         self._pids_dirty = False
         self._lost_seen = 0
@@ -269,6 +277,7 @@ class GpuSide:
 
     def _forget(self, pid: int) -> None:
         self._covered.pop(pid, None)
+        self._next_look.pop(pid, None)
         self._queued.discard(pid)
         if pid in self._watched:
             self._watched.discard(pid)
@@ -302,7 +311,7 @@ class GpuSide:
         if not final:
             if now_ns >= self._next_scan:
                 self._next_scan = now_ns + SCAN_INTERVAL_NS
-                self._second_looks()
+                self._second_looks(now_ns)
                 if self._pids_dirty and not self.filter_all:
                     self.nvml.set_pids(frozenset(self._watched))
                     self._pids_dirty = False
@@ -431,10 +440,19 @@ class GpuSide:
                 self._guard.wait(timeout=5)
             self._guard = None
 
-    def _second_looks(self) -> None:
-        """Queue the watched processes not known to map libcuda (they may dlopen it any time),
-        at most MAX_RESCANS_PER_ROUND of them, taking turns by pid."""
+    def _second_looks(self, now_ns: int) -> None:
+        """Queue the watched processes not known to map libcuda (they may dlopen it any time)
+        whose next look is due, at most MAX_RESCANS_PER_ROUND of them, taking turns by pid."""
         pending = sorted(self._watched - self._covered.keys())
+        if self._rescan_max_gap_ns > SCAN_INTERVAL_NS:
+            due: list[int] = []
+            for pid in pending:
+                when, gap = self._next_look.get(pid, (0, SCAN_INTERVAL_NS // 2))
+                if now_ns >= when:
+                    gap = min(gap * 2, self._rescan_max_gap_ns)
+                    self._next_look[pid] = (now_ns + gap - SCAN_INTERVAL_NS // 2, gap)
+                    due.append(pid)
+            pending = due
         if len(pending) > MAX_RESCANS_PER_ROUND:
             i = bisect.bisect_right(pending, self._rescan_after)
             pending = (pending[i:] + pending[:i])[:MAX_RESCANS_PER_ROUND]

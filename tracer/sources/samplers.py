@@ -100,6 +100,10 @@ DEFAULT_FAST_INTERVAL_NS = 20_000_000  # 20 ms, near a limit: an OOM builds up i
 MAX_CGROUPS = 256
 # A cgroup is "near its limit" when usage >= this percentage of the limit.
 NEAR_LIMIT_PERCENT = 90
+# With a quiet interval (the agent's), a due cgroup whose usage moved less than this since its
+# last full sample, far from its limits and not under pressure, is not sampled in full: one
+# read of its usage file (~1 µs) instead of every file (40-70 µs) and an event downstream.
+QUIET_BYTES = 1 << 20
 
 _READ_SIZE = 65536
 _O_READ = os.O_RDONLY | os.O_CLOEXEC
@@ -403,6 +407,29 @@ class CgroupSampler:
                 )
         return value
 
+    def unchanged(self) -> bool:
+        """Whether a full sample now would most likely repeat the last one: its usage, read
+        alone, moved less than ``QUIET_BYTES``, and the last sample was below 90% of its own
+        limit and of memory.high, with no memory pressure. False when in doubt (no sample yet,
+        a read that fails: the full sample then finds out why)."""
+        last = self.last
+        if last is None or last.usage_bytes is None or self._dir_fd is None:
+            return False
+        used = last.usage_bytes * 100
+        for bound in (last.limit_bytes, last.high_bytes):
+            if bound is not None and used >= bound * NEAR_LIMIT_PERCENT:
+                return False
+        if last.psi_some_avg10:
+            return False
+        f = self._files.get(V2.usage if self.version == 2 else V1.usage)
+        if f is None or f.absent or f.fd is None:
+            return False
+        try:
+            usage = parse_uint(os.pread(f.fd, 64, 0).decode("ascii", errors="replace"))
+        except OSError:
+            return False
+        return usage is not None and abs(usage - last.usage_bytes) < QUIET_BYTES
+
     def sample(self, now_ns: int, cgroup_id: int) -> list[Event]:
         """Read the files now; events stamped ``now_ns`` (see the class doc)."""
         if self.gone:
@@ -677,6 +704,11 @@ class SamplerSet:
     within 10% of its effective limit, since usage counts the subtree); the host and the
     processes every ``interval_ns``. The first call samples everything.
 
+    With ``quiet_interval_ns`` (the always-on agent's: a node runs a hundred idle containers,
+    and sampling each in full once a second cost 1% of a core), a due cgroup that is not near a
+    limit and whose usage has not moved (``CgroupSampler.unchanged``) is sampled in full only
+    once that interval has passed since its last full sample; what it said still stands.
+
     A removed cgroup or an exited process gives one ``SampleError`` and is dropped (a removed
     cgroup takes the watched cgroups below it along). Watching it again starts afresh.
     """
@@ -691,6 +723,7 @@ class SamplerSet:
         *,
         host: bool = True,
         max_cgroups: int = MAX_CGROUPS,
+        quiet_interval_ns: int | None = None,
     ) -> None:
         if interval_ns <= 0 or fast_interval_ns <= 0:
             raise UsageError(
@@ -702,6 +735,7 @@ class SamplerSet:
         self.interval_ns = interval_ns
         self.fast_interval_ns = fast_interval_ns
         self.max_cgroups = max_cgroups
+        self.quiet_interval_ns = quiet_interval_ns
         self._problems = ProblemLog()
         self._host = HostSampler(proc_root, problems=self._problems) if host else None
         self._host_next: int | None = None
@@ -842,6 +876,13 @@ class SamplerSet:
                 best, where = limit, p
         return best, where
 
+    def _quiet(self, sampler: CgroupSampler, now_ns: int) -> bool:
+        """Skip this full sample: the quiet interval is on, the last full one is younger than
+        it, and nothing moved (``CgroupSampler.unchanged``)."""
+        q = self.quiet_interval_ns
+        last = sampler.last
+        return bool(q and last is not None and now_ns - last.ts < q and sampler.unchanged())
+
     def _near_limit(self, watch: _Watch) -> bool:
         for p in watch.paths:
             last = self._sampled[p].sampler.last
@@ -869,8 +910,12 @@ class SamplerSet:
         due = [w for w in self._watched.values() if w.next_ns is None or now_ns >= w.next_ns]
         if due:
             gone: set[str] = set()
+            # (a first sample, or one asked for by sample_soon, is always a full one)
+            forced = {p for w in due if w.next_ns is None or w.fast for p in w.paths}
             for p in sorted({p for w in due for p in w.paths}):
                 entry = self._sampled[p]
+                if p not in forced and self._quiet(entry.sampler, now_ns):
+                    continue
                 started = time.perf_counter_ns()
                 out += self._timed("cgroup", entry.sampler.sample(now_ns, entry.cgroup_id), started)
                 if entry.sampler.gone:
