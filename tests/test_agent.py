@@ -218,6 +218,27 @@ def test_an_incident_is_the_window_and_replays_to_the_same_verdict(tmp_path: obj
     sd.close()
 
 
+def test_the_agents_analyzer_hands_every_verdict_on_and_keeps_none() -> None:
+    """The agent's sinks take each verdict as it comes: its analyzer keeps none (a storm's
+    first 5,000 kept pinned 4 MB of heap), and judges exactly as a recording's does."""
+    stream = [
+        st.cgroup(10, "/demo", 64 * st.MiB),
+        st.forked(8.0, 1, 7, cg=10, comm="hog"),
+        st.oom(9.9, victim=7, trigger=7),
+        st.oom_killer_sigkill(9.9, victim=7, trigger=7),
+        st.kmsg(9.95, victim=7),
+        st.killed(10.0, 7, 9, comm="hog"),
+        *(st.exit_code(11.0 + i / 100, 100 + i, 3, comm="job") for i in range(50)),
+    ]
+    lean = Analyzer(every_verdict=True, keep_verdicts=False)
+    handed = [v for ev in stream for v in lean.feed(ev)] + lean.finish()
+    full = Analyzer(every_verdict=True)
+    full.feed_all(stream)
+    assert [(v.pid, v.cause) for v in handed] == [(v.pid, v.cause) for v in full.verdicts]
+    assert len(handed) == 51 and handed[0].cause == "cgroup_oom"
+    assert lean.verdicts == [] and lean.not_kept == 51
+
+
 def test_verdicts_inside_an_open_window_share_one_incident(tmp_path: object) -> None:
     sd, _clock, _sink, store, _cut = _incident_world(tmp_path)
     a = store.add(verdict(pid=1, ts=10))

@@ -247,9 +247,13 @@ class Recorder:
         self.warnings: list[str] = []
         # (a live tail reads every verdict; otherwise only the kept ones are built)
         # (built from what the header's targets will say: a replay builds the same one)
-        # (the agent judges an OOM kill once its evidence is in: its counter follows the kill)
+        # (the agent judges an OOM kill once its evidence is in: its counter follows the kill;
+        # it keeps no verdicts: its sinks take each one as it comes)
         self.analyzer = Analyzer.from_header(
-            targets.describe(), every_verdict=on_event is not None, early_oom=agent_filter
+            targets.describe(),
+            every_verdict=on_event is not None,
+            early_oom=agent_filter,
+            keep_verdicts=not agent_filter,
         )
 
     # -- set-up -----------------------------------------------------------------------------

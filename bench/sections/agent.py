@@ -5,7 +5,7 @@ Phases, in this order (each tool alone on --tool-cpu, the workloads on --storm-c
   1. bare: the paced clean-exit storm with no tracer (the workload's own CPU);
   2. exitsnoop (printing every exit to a file): CPU at idle, then under the paced storm;
   3. the agent (fresh state dir, metrics on a free port): CPU and state-dir growth at idle, CPU
-     under the paced storm, an unpaced storm mixed with failures (non-zero exits, fatal
+     under the paced storm, a storm at 12k exits/s mixed with failures (non-zero exits, fatal
      signals, cgroup OOM kills) counted back from its segments, kill -> /metrics and -> history
      latency over --agent-kills OOM kills, then an RSS soak; its RSS is sampled every second
      throughout.
@@ -218,8 +218,9 @@ def _one_failure(args: list[str], env: dict[str, str]) -> tuple[int, int | None]
 
 
 def _storm(opts: Options, tmp: Path, agent: Agent) -> Result:
-    """An unpaced mixed-code storm with fatal signals and OOM kills among it; what the workload
-    made. Counted against the agent's segments once it has stopped (`_count_storm`)."""
+    """A mixed-code storm (--agent-storm-rate, vfork children) with fatal signals and OOM
+    kills among it; what the workload made. Counted against the agent's segments once it has
+    stopped (`_count_storm`)."""
     pid = os.getpid()
     cg = memory_cgroup(f"wr-bench-agent-{pid}-storm")
     oom_cg = memory_cgroup(f"wr-bench-agent-{pid}-oom", opts.agent_oom_limit_mib * MiB)
@@ -228,7 +229,9 @@ def _storm(opts: Options, tmp: Path, agent: Agent) -> Result:
         oom_cg.__enter__()
         try:
             # (vfork: fork(2) alone peaks near 10k exits/s on a 2-vCPU machine)
-            work = StormWork(seconds=opts.agent_storm, codes="mixed", vfork=True)
+            work = StormWork(
+                seconds=opts.agent_storm, rate=opts.agent_storm_rate, codes="mixed", vfork=True
+            )
             out, err = tmp / "storm.out", tmp / "storm.err"
             fatal: list[tuple[int, int | None]] = []
             ooms: list[tuple[int, int | None]] = []
@@ -501,6 +504,10 @@ def _ratio(a: Any, b: Any) -> str:
     return f"{a / b:.2f}x" if a is not None and b else "n/a"
 
 
+def _pace(rate: float) -> str:
+    return f"paced at {rate:,.0f} exits/s" if rate else "unpaced"
+
+
 def _yes(ok: bool) -> str:
     return "yes" if ok else "NO"
 
@@ -550,7 +557,8 @@ def _report(opts: Options, bare: Result, snoop: Result, agent: Result, load: Res
     st = agent.get("storm", {})
     sw = st.get("work", {})
     out += [
-        f"## Agent: storm with failures ({opts.agent_storm:g} s unpaced, children by vfork)",
+        f"## Agent: storm with failures ({opts.agent_storm:g} s, {_pace(opts.agent_storm_rate)}, "
+        "children by vfork)",
         "",
         "| exits/s | non-zero exits made | seen | fatal signals made | seen | OOM kills made "
         "| seen | lost records (host, agent's whole run) | agent CPU % | none lost? |",
@@ -628,7 +636,7 @@ def _report(opts: Options, bare: Result, snoop: Result, agent: Result, load: Res
             "memory cgroup "
             "made for it (so the agent's kernel filter counts the exits instead of sending "
             "them), tool CPU over the storm plus {drain:g} s of drain; **workload CPU**: the "
-            "storm's own and its children's (wait4). **storm**: wr-storm unpaced for "
+            "storm's own and its children's (wait4). **storm**: wr-storm {storm_pace} for "
             "{agent_storm:g} "
             "s in a child cgroup, its children made with vfork(2) (fork(2) alone peaks near "
             "10k exits/s on 2 vCPUs), child i exiting i & 0xff (non-zero made = exits less "
@@ -658,5 +666,6 @@ def _report(opts: Options, bare: Result, snoop: Result, agent: Result, load: Res
         opts,
         poll=POLL_S * 1000,
         crowd_settle=CROWD_SETTLE_S,
+        storm_pace=_pace(opts.agent_storm_rate),
     )
     return "\n".join(out) + "\n"

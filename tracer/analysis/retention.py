@@ -18,7 +18,12 @@ MAX_KEPT = 5000
 
 
 class Retention:
-    def __init__(self) -> None:
+    def __init__(self, max_kept: int = MAX_KEPT, max_clean_kept: int = MAX_CLEAN_KEPT) -> None:
+        """``max_kept=0``: nothing is kept, all is counted (the always-on agent, whose sinks
+        take every verdict as it comes: 5,000 verdicts kept from a storm's first second
+        also pinned the heap they were made in, 20 MB of RSS that never went back)."""
+        self.max_kept = max_kept
+        self.max_clean_kept = min(max_clean_kept, max_kept)
         self.verdicts: list[Verdict] = []
         self.clean_kept = 0
         self.routine_kept = 0
@@ -29,10 +34,10 @@ class Retention:
     def keep(self, v: Verdict) -> None:
         routine = v.cause == APP_EXIT
         clean = routine and v.exit_code == 0
-        if clean and self.clean_kept >= MAX_CLEAN_KEPT:
+        if clean and self.clean_kept >= self.max_clean_kept:
             self.not_kept += 1
             return
-        if len(self.verdicts) >= MAX_KEPT:
+        if len(self.verdicts) >= self.max_kept:
             if routine or not self.routine_kept:
                 self.not_kept += 1
                 self.kills_not_kept += not routine
@@ -56,8 +61,10 @@ class Retention:
 
     def drops_routine(self, clean: bool) -> bool:
         """A routine verdict (a clean one with ``clean``) would not be kept now."""
-        return (clean and self.clean_kept >= MAX_CLEAN_KEPT) or len(self.verdicts) >= MAX_KEPT
+        return (clean and self.clean_kept >= self.max_clean_kept) or len(
+            self.verdicts
+        ) >= self.max_kept
 
     def full_of_kills(self) -> bool:
         """No verdict would be kept now: the list is full and none of it gives way."""
-        return len(self.verdicts) >= MAX_KEPT and not self.routine_kept
+        return len(self.verdicts) >= self.max_kept and not self.routine_kept

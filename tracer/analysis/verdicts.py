@@ -104,6 +104,7 @@ class Analyzer:
         every_verdict: bool = True,
         probe_failures: int = rules.PROBE_FAILURES,
         early_oom: bool = False,
+        keep_verdicts: bool = True,
     ) -> None:
         """``every_verdict``: ``feed`` returns every verdict it reaches (a live tail needs them).
         Without it, only the kept ones are built: past the caps of retention a plain exit is
@@ -113,7 +114,8 @@ class Analyzer:
         OOM-killed exit is judged as soon as its evidence is complete
         (``rules.oom_evidence_complete``), not SETTLE_NS later: the always-on agent's counter
         and journal follow a kill within a round. (Replays keep the settle horizon: the same
-        verdicts, in the order they always came.)"""
+        verdicts, in the order they always came.) ``keep_verdicts=False``: ``verdicts`` stays
+        empty (the agent's sinks take each verdict as it comes; see ``Retention``)."""
         self.every_verdict = every_verdict
         self.early_oom = early_oom
         self.probe_failures = probe_failures
@@ -126,7 +128,7 @@ class Analyzer:
         self._now = 0  # stream time of the last round
         self.ev = Evidence()
         self.table = ProcessTable(self.ev)
-        self.kept = Retention()
+        self.kept = Retention() if keep_verdicts else Retention(0, 0)
         self.supervisor_pids = frozenset(supervisor_pids)
         # exits waiting to be judged, with their unit and whether they were its main process
         # (decided at the exit, before a successor runs)
@@ -146,7 +148,11 @@ class Analyzer:
 
     @classmethod
     def from_header(
-        cls, targets: Mapping[str, Any] | Any, every_verdict: bool = False, early_oom: bool = False
+        cls,
+        targets: Mapping[str, Any] | Any,
+        every_verdict: bool = False,
+        early_oom: bool = False,
+        keep_verdicts: bool = True,
     ) -> Analyzer:
         """The analyzer for a recording: the settings its header's targets carry (supervisor
         pids). The one place an analyzer is built for a trace, live or replayed, so that every
@@ -164,6 +170,7 @@ class Analyzer:
             if isinstance(threshold, int) and threshold > 0
             else rules.PROBE_FAILURES,
             early_oom=early_oom,
+            keep_verdicts=keep_verdicts,
         )
 
     # -- what it has concluded ---------------------------------------------------------------
