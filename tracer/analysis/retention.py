@@ -20,8 +20,8 @@ MAX_KEPT = 5000
 class Retention:
     def __init__(self, max_kept: int = MAX_KEPT, max_clean_kept: int = MAX_CLEAN_KEPT) -> None:
         """``max_kept=0``: nothing is kept, all is counted (the always-on agent, whose sinks
-        take every verdict as it comes: 5,000 verdicts kept from a storm's first second
-        also pinned the heap they were made in, 20 MB of RSS that never went back)."""
+        take every verdict as it comes: the 5,000 kept from a storm's first second also
+        pinned the heap they were made in, 4 MB of RSS after a 12k exits/s storm)."""
         self.max_kept = max_kept
         self.max_clean_kept = min(max_clean_kept, max_kept)
         self.verdicts: list[Verdict] = []
