@@ -261,7 +261,10 @@ MemorySwapMax=0
         text=True,
         timeout=60,
     ).stdout
-    assert "systemd-oomd killed 1 process(es) in this unit." in journal, journal
+    # Only systemd-oomd's own line is certain. PID 1's "systemd-oomd killed N process(es) in
+    # this unit." is logged when it reads the kill count oomd writes to the cgroup's xattr
+    # after the kill; when PID 1 handles the emptied cgroup first it logs nothing, though it
+    # still records Result=oom-kill (seen in one CI run of 2026-12-01).
     assert f"Killed /wr.slice/wr-oomd.slice/{slice_}/{name} due to memory pressure" in journal
 
     verdicts = doc["verdicts"]
