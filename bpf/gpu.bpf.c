@@ -548,6 +548,26 @@ static __always_inline bool named_libcuda(struct file *f)
 	return true;
 }
 
+/* fmode_t bits (include/linux/fs.h; stable since 2.6.39, when FMODE_PATH came with O_PATH). */
+#define WR_FMODE_READ 0x1
+#define WR_FMODE_WRITE 0x2
+#define WR_FMODE_PATH 0x4000
+
+/* Only a process that may be about to run the library is held: one that opened it for reading
+ * alone. A writer (dpkg or an image unpacker writing a new driver, a copy's target), a read-write
+ * opener and an O_PATH opener cannot map it to run it through that descriptor, and stopping them
+ * stops a package manager or a container runtime on every host, GPU or not (kernel-side review
+ * §1). A file that anyone still has open for writing (i_writecount > 0) is half-written: probing
+ * it now would attach uprobes to offsets that are about to change and mark it probed for good. */
+static __always_inline bool about_to_run(struct file *f)
+{
+	unsigned int mode = BPF_CORE_READ(f, f_mode);
+
+	if ((mode & (WR_FMODE_READ | WR_FMODE_WRITE | WR_FMODE_PATH)) != WR_FMODE_READ)
+		return false;
+	return BPF_CORE_READ(f, f_inode, i_writecount.counter) <= 0;
+}
+
 static __always_inline int hold_if_unprobed(long ret)
 {
 	struct task_struct *task;
@@ -573,6 +593,8 @@ static __always_inline int hold_if_unprobed(long ret)
 	if (bpf_probe_read_kernel(&f, sizeof(f), fds + ret) != 0 || !f)
 		return 0;
 	if (!named_libcuda(f))
+		return 0;
+	if (!about_to_run(f))
 		return 0;
 	h.file.dev = BPF_CORE_READ(f, f_inode, i_sb, s_dev);
 	h.file.ino = BPF_CORE_READ(f, f_inode, i_ino);

@@ -374,3 +374,48 @@ def test_two_recorders_holding_one_process_both_catch_its_first_call(
             proc.wait()
         for side in sides:
             side.close()
+
+
+# Every way to get a descriptor for a libcuda file without being about to run it: a writer (an
+# image unpacker, dpkg writing the new library), a read-write opener, an O_PATH opener, and the
+# dpkg-style replacement (write a temporary file, rename it over the library). A child does them
+# while its parent waits with WUNTRACED: any hold would show as a stop (exit 3).
+_NOT_A_LOADER = r"""
+import os, sys
+lib = sys.argv[1]
+pid = os.fork()
+if pid == 0:
+    fd = os.open(lib + ".new", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.write(fd, b"\x7fELF" + bytes(4096))
+    os.close(fd)
+    os.rename(lib + ".new", lib)
+    fd = os.open(lib, os.O_WRONLY | os.O_APPEND)
+    os.write(fd, b"x")
+    os.close(fd)
+    os.close(os.open(lib, os.O_RDWR))
+    os.close(os.open(lib, os.O_PATH))
+    os.close(os.open(os.path.dirname(lib) + "/libcuda.so.2", os.O_WRONLY | os.O_CREAT, 0o644))
+    os._exit(0)
+_, status = os.waitpid(pid, os.WUNTRACED)
+if os.WIFSTOPPED(status):
+    os.kill(pid, 18)
+    os.waitpid(pid, 0)
+    sys.exit(3)
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_writers_and_o_path_openers_of_a_libcuda_file_are_never_held(
+    tmp_path: Path, fast: Fast, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lib = tmp_path / "writer" / "libcuda.so.1"
+    lib.parent.mkdir()
+    program = tmp_path / "not_a_loader.py"
+    program.write_text(_NOT_A_LOADER)
+    _res, events, holds = record(
+        tmp_path, fast, monkeypatch, str(program), str(lib), program=Path(sys.executable)
+    )
+    exits = of(Exit, events)
+    assert sorted(e.wait.code for e in exits) == [0, 0], exits
+    assert (holds["taken"], holds["not_taken"]) == (0, 0)
+    assert of(GpuLibrary, events) == []
