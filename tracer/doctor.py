@@ -178,6 +178,17 @@ def can_record(checks: list[Check]) -> bool:
     return all(c.ok for c in checks if c.required)
 
 
+def _hold_cost(host_libcuda: object) -> str:
+    """What the first-call hold costs here: said, because it stops other processes."""
+    cost = (
+        "it stops a process that opens an unprobed libcuda.so* for reading, once per file, "
+        "for about 30 ms (writers and O_PATH openers never)"
+    )
+    if not isinstance(host_libcuda, dict) or not host_libcuda:
+        return f"no libcuda on this host: {cost}, and only if one appears"
+    return f"the host's libcuda is probed at start, so its openers are not held; {cost}"
+
+
 def _gpu_checks(memcg_v1: bool, facts: dict[str, Any]) -> list[Check]:
     """The GPU side: uprobes on libcuda (gpu.bpf.o) and NVML. Both optional."""
     from tracer.gpu.side import GpuSide
@@ -205,7 +216,8 @@ def _gpu_checks(memcg_v1: bool, facts: dict[str, Any]) -> list[Check]:
             "gpu:hold",
             info.get("hold") == "ready",
             f"first-call hold of processes opening an unprobed libcuda: {info.get('hold')}; "
-            f"holds shared with other recorders: {info.get('hold_peers')}",
+            f"holds shared with other recorders: {info.get('hold_peers')}; "
+            f"{_hold_cost(info.get('host_libcuda'))}",
             ""
             if info.get("hold") == "ready"
             else "optional: without it a program that loads "
