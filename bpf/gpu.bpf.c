@@ -16,10 +16,11 @@
  *
  * A library file nobody probed yet (LD_LIBRARY_PATH, a conda environment, a container's
  * compat directory) is caught as it is opened: when a watched process's open/openat returns a
- * file named libcuda.so* for reading only (about_to_run), and that file is not in gpu_probed_files, the process is stopped with
- * SIGSTOP before it returns to user space and put in gpu_held. User space attaches the probes to
- * the file (/proc/PID/fd/FD), adds it to gpu_probed_files and resumes the process with SIGCONT:
- * its very first driver call is then caught. The hold is bounded by user space (and by
+ * file named libcuda.so* opened for reading only (about_to_run), and that file is not in
+ * gpu_probed_files, the process is stopped with SIGSTOP before it returns to user space and put
+ * in gpu_held. User space attaches the probes to the file (/proc/PID/fd/FD), adds it to
+ * gpu_probed_files and resumes the process with SIGCONT: its very first driver call is then
+ * caught. The hold is bounded by user space (and by
  * tracer/gpu/holdguard.py if the recorder dies); holds that could not be taken are counted.
  *
  * For each allocation entry point there is an entry program (saves the requested size and where
