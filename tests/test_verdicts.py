@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 import signal
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -750,6 +751,23 @@ def test_probe_kill_after_failing_probes_with_stall_context() -> None:
     assert "timed out" in v.summary and "reclaim stalls" in v.summary
     assert "raise the probe timeout" in v.advice
     assert sum("probe" in what for _, what in v.evidence) == 3
+
+
+def test_a_probe_the_death_broke_is_not_a_failure_before_it() -> None:
+    """A probe in flight at a kill -9 is reset by the death itself: it says nothing about the
+    server before, so a kill while the probes passed has no failing probes (CI flake, Dec 2026);
+    a probe that had already waited on a silent server until the exit still counts."""
+    reset = msgspec.structs.replace(probe(2.99, False, 20), error="connection reset by peer")
+    stream = [*container_stream(100, 0.0), probe(1.0, True), probe(2.0, True), reset]
+    kill = [
+        sent(3.0, 400, 100, signal.SIGKILL, comm="bash"),
+        killed(3.0, 100, signal.SIGKILL, cg=50),
+    ]
+    v = one(*stream, *kill)
+    assert (v.cause, v.probe_failures, v.confidence) == ("signal_kill", 0, "high")
+    hung = probe(2.5, False, 1000, timed_out=True)
+    v = one(*stream[:-1], hung, *kill)
+    assert v.probe_failures == 1
 
 
 @pytest.mark.parametrize(

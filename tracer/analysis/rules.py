@@ -195,6 +195,10 @@ def failing_probes(v: ExitView, until: int) -> list[ProbeSample]:
     for p in reversed(probes):
         if p.ok and not p.timed_out and p.latency_ns < SLOW_PROBE_NS:
             break
+        if not p.ok and not p.timed_out and p.ts + p.latency_ns > until:
+            # in flight at the exit and refused or reset: the death's effect, not a failure
+            # before it (a probe that timed out had waited on a silent server, and counts)
+            continue
         run.append(p)
     run.reverse()
     return run
