@@ -21,7 +21,7 @@ from tests.gpu import build
 from tracer.bpf import gpuhooks
 from tracer.events import Event, Exit, GpuAllocFailure, GpuCallFailure, GpuLibrary
 from tracer.gpu import libcuda
-from tracer.record import Recorder, RecordResult, Targets
+from tracer.pipeline.record import Recorder, RecordResult, Targets
 from tracer.trace.reader import read_trace
 
 LIBCUDA_DIR = build.real_libcuda_dir()

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.gpu import build
-from tracer.analysis.verdicts import Analyzer, Verdict
+from tracer.analysis.analyzer import Analyzer, Verdict
 from tracer.bpf import layout
 from tracer.bpf.decode import Decoder
 from tracer.bpf.gpuhooks import GpuHooks
@@ -34,7 +34,7 @@ from tracer.events import (
     GpuXid,
 )
 from tracer.gpu import libcuda
-from tracer.record import Recorder, RecordResult, Targets
+from tracer.pipeline.record import Recorder, RecordResult, Targets
 from tracer.trace.reader import read_trace
 
 pytestmark = [

@@ -13,7 +13,7 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
-from tracer.analysis.verdicts import Verdict
+from tracer.analysis.analyzer import Verdict
 from tracer.cli import main
 from tracer.errors import UsageError
 from tracer.repro import (

@@ -16,8 +16,7 @@ import click
 import orjson
 
 from tracer import __version__, safetext
-from tracer.analysis.pressure import TailLine
-from tracer.analysis.verdicts import Analyzer, Verdict
+from tracer.analysis.analyzer import Analyzer, Verdict
 from tracer.errors import UsageError, WhyrestartError
 from tracer.events import CgroupInfo, Event
 from tracer.options import (
@@ -32,7 +31,8 @@ from tracer.options import (
     check_not_input,
     check_output_file,
 )
-from tracer.render import Clock, timeline, verdict_table
+from tracer.outputs.tail import TailLine
+from tracer.outputs.text import Clock, timeline, verdict_table
 
 if TYPE_CHECKING:
     from tracer.trace.reader import TraceReader
@@ -255,9 +255,9 @@ def target_options(fn: F) -> F:
 
 
 def make_targets(kw: dict[str, Any], command: tuple[str, ...], verb: str = "record") -> Any:
-    """Turn the target options into ``tracer.record.Targets`` (bad input: UsageError)."""
-    from tracer.follow import ProbeSetup
-    from tracer.record import Targets
+    """Turn the target options into ``tracer.pipeline.record.Targets`` (bad input: UsageError)."""
+    from tracer.pipeline.follow import ProbeSetup
+    from tracer.pipeline.record import Targets
 
     if not (kw["pids"] or kw["cgroups"] or kw["all_"] or command or kw["containers"]) and not (
         kw["units"] or kw["pods"]
@@ -332,7 +332,7 @@ def record(
       sudo whyrestart record -o run3.trace --cgroup /system.slice/llama.service
       sudo whyrestart record -o run4.trace --pid 4242 --duration 600
     """
-    from tracer.record import Recorder
+    from tracer.pipeline.record import Recorder
 
     try:
         check_output_file(output, overwrite=force, force_option="--force")
@@ -424,8 +424,8 @@ def tail(as_json: bool, command: tuple[str, ...], **kw: Any) -> None:
     Nothing is written to disk; use `record` to keep a trace (`replay --tail` shows the same
     lines from it).
     """
-    from tracer.analysis.pressure import PressureFeed
-    from tracer.record import Recorder
+    from tracer.outputs.tail import PressureFeed
+    from tracer.pipeline.record import Recorder
 
     targets = make_targets(kw, command, verb="watch")
     clock: list[Clock] = []
@@ -513,7 +513,7 @@ def _fed(
 
 def _replay_tail(reader: TraceReader, analyzer: Analyzer, clock: Clock, as_json: bool) -> None:
     """replay --tail: the lines tail showed live."""
-    from tracer.analysis.pressure import PressureFeed
+    from tracer.outputs.tail import PressureFeed
 
     feed = PressureFeed(analyzer.cgroup_path)
     show = _tail_printer([clock], as_json)
@@ -989,7 +989,7 @@ def agent(
     """
     from tracer.agent.run import Agent, AgentConfig
     from tracer.agent.state import default_state_dir
-    from tracer.record import preflight
+    from tracer.pipeline.record import preflight
     from tracer.repro import parse_size
     from tracer.sources.probes import parse_duration
 

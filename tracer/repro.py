@@ -40,8 +40,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tracer import safetext
-from tracer.analysis.quantities import fmt_bytes, stall_total_ns
-from tracer.analysis.verdicts import (
+from tracer.analysis.analyzer import (
     APP_EXIT,
     CGROUP_OOM,
     GLOBAL_OOM,
@@ -49,10 +48,11 @@ from tracer.analysis.verdicts import (
     USERSPACE_OOM,
     Verdict,
 )
+from tracer.analysis.quantities import fmt_bytes, stall_total_ns
 from tracer.errors import UsageError
 
 if TYPE_CHECKING:
-    from tracer.record import RecordResult
+    from tracer.pipeline.record import RecordResult
     from tracer.sources.cgroupfs import CgroupLayout, ChildCgroup
     from tracer.sources.probes import ProbeResult, ProbeSpec
 
@@ -697,7 +697,7 @@ class Experiment:
         self._layout = layout
 
     def run(self) -> Comparison:
-        from tracer.record import preflight
+        from tracer.pipeline.record import preflight
         from tracer.sources.cgroupfs import CgroupLayout
 
         preflight()
@@ -770,7 +770,7 @@ class Experiment:
         parent: str,
         cap: int | None,
     ) -> RunResult:
-        from tracer.record import Recorder, Targets
+        from tracer.pipeline.record import Recorder, Targets
         from tracer.sources.cgroupfs import ChildCgroup
 
         plan = self.plan

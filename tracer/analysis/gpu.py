@@ -474,7 +474,7 @@ def _recovered(f: GpuFacts, ex: Exit, exit_ev: tuple[int, str]) -> Finding:
 
 
 def describe_event(ev: Event) -> str | None:
-    """One timeline line for a GPU event, in tracer.render's "kind    text" shape; None for
+    """One timeline line for a GPU event, in tracer.outputs.text's "kind    text" shape; None for
     samples (shown as numbers, not lines) and for events that are not GPU events."""
     if isinstance(ev, GpuAllocFailure):
         return (

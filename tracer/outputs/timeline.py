@@ -25,8 +25,8 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from tracer.analysis.analyzer import Analyzer, Restart, Verdict, describe_status
 from tracer.analysis.quantities import fmt_bytes
-from tracer.analysis.verdicts import Analyzer, Restart, Verdict, describe_status
 from tracer.events import (
     SI_KERNEL,
     CgroupInfo,

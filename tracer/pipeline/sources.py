@@ -9,7 +9,7 @@ back (the first source is ``behind``), what goes into the header, what is warned
 * `KmsgSource`: the kernel log: OOM reports (the fallback rung of the ``oom`` hook, kept when
   they concern the watched set) and GPU driver Xid lines.
 * `GpuSource`: ``tracer.gpu.side.GpuSide`` (also an enricher: it learns the watched pids).
-* `FollowerSource`: restart counts and ``--probe`` results (``tracer.follow.Follower``).
+* `FollowerSource`: restart counts and ``--probe`` results (``tracer.pipeline.follow.Follower``).
 * `SamplerSource`: the cgroupfs and /proc samplers that are due.
 * `ProbeResultsSource`: health-probe results produced by someone else's thread (repro).
 """
@@ -34,8 +34,8 @@ from tracer.sources.kmsg import KmsgReader, record_ts_ns
 
 if TYPE_CHECKING:
     from tracer.bpf import hooks
-    from tracer.follow import Follower
     from tracer.gpu.side import GpuSide
+    from tracer.pipeline.follow import Follower
     from tracer.sources.probes import ProbeResult
     from tracer.sources.samplers import SamplerSet
 

@@ -28,16 +28,16 @@ from typing import Any
 import psutil
 
 from tracer import __version__, selfguard
-from tracer.analysis.verdicts import Analyzer, Restart, Verdict
+from tracer.analysis.analyzer import Analyzer, Restart, Verdict
 from tracer.bpf import hooks, layout
 from tracer.clock import boottime_ns, realtime_offset_ns
 from tracer.errors import KernelUnsupported, OutputError, PermissionProblem, UsageError
 from tracer.events import Event
-from tracer.follow import Follower, ProbeSetup
 from tracer.gpu.side import SCAN_INTERVAL_NS, GpuSide
 from tracer.parse.cgroup import parse_proc_cgroup
 from tracer.pipeline.core import Enricher, Pipeline, Sink, Source, header_parts
 from tracer.pipeline.enrich import CgroupNamer, Follow, SenderExe, WatchSet
+from tracer.pipeline.follow import Follower, ProbeSetup
 from tracer.pipeline.sinks import AnalyzerSink, TraceSink
 from tracer.pipeline.sources import (
     POLL_MS,
