@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from tracer.bpf import layout
+from tracer.bpf import layout, libbpf
 from tracer.bpf.decode import Decoder
 from tracer.bpf.libbpf import RingBuffer
 from tracer.clock import boottime_ns, monotonic_offset_ns
@@ -29,7 +29,6 @@ from tracer.events import Event, KmsgOom, Lost, ReclaimSummary
 from tracer.parse import xid
 from tracer.parse.kmsg import OomAssembler
 from tracer.pipeline.core import HeaderPart
-from tracer.sources import system
 from tracer.sources.kmsg import KmsgReader, record_ts_ns
 
 if TYPE_CHECKING:
@@ -119,7 +118,7 @@ class RingSource(_Quiet):
             extra={
                 "hook_failures": self.attached.failures,
                 "page_size": self.decoder.page_size,
-                "libbpf": system.libbpf_version(),
+                "libbpf": libbpf.version(),
             },
         )
 
