@@ -5,7 +5,7 @@ evidence.Evidence``; ``facts`` gathers what concerns one exit; ``judge`` turns t
 ``Finding`` (tracer/analysis/findings.py) that the verdict factory makes a verdict of (kept
 apart so that the GPU rules read as one piece; tracer/analysis/rules.py calls them in turn).
 
-The rules (DESIGN.md, "Verdicts"):
+The rules (ARCHITECTURE.md, "Verdicts need agreement"):
 
 * ``device_reset``: the GPU was lost (NVML: GPU is lost / reset required; kernel log: fallen off
   the bus) or an Xid 79 came within ``RESET_WINDOW_NS`` before the exit (or just after it), the

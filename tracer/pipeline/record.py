@@ -9,7 +9,8 @@ The flow is `tracer.pipeline`'s; this module assembles it for a recording:
   analysed, so replaying the file gives the same verdicts).
 
 The ring buffer is drained on a 10 ms timer (records are submitted without wake-ups, except
-OOM kills), which keeps the tracer's cost low under exit storms (DESIGN.md).
+OOM kills), which keeps the tracer's cost low under exit storms (ARCHITECTURE.md,
+"Wake-ups cost").
 """
 
 from __future__ import annotations
