@@ -825,3 +825,43 @@ def test_the_kernel_logs_rss_is_not_called_the_cgroups_memory() -> None:
     assert memory_at_kill(stat, fmt_bytes) == (
         "the cgroup's memory at the kill (memory.stat): anon 6.0 GiB, file 1.0 GiB"
     )
+
+
+# -- a kill at the limit is a lower bound of the need (issue 29) ---------------------------------
+
+
+def _oom_at_limit(*probes: Event, usage: int = 64 * MiB) -> Verdict:
+    """A podman container's main process OOM-killed at its 64 MiB limit at 2 s."""
+    return one(
+        *container_stream(100, 0.0),
+        *probes,
+        oom(2.0, 100, limit_cgroup=50, usage=usage, victim_cg=50),
+        kmsg(2.0, 100, oom_memcg="/libpod_parent/libpod-" + "a" * 64),
+        killed(2.0, 100, signal.SIGKILL, cg=50),
+    )
+
+
+def test_a_kill_at_the_limit_says_the_need_is_unknown_and_higher() -> None:
+    """The peak of a process killed at its limit is the limit: "keep 15% over the peak"
+    would fail again (a model loaded at twice the limit)."""
+    v = _oom_at_limit()
+    assert (v.cause, v.confidence) == ("cgroup_oom", "high")
+    assert "killed at the limit" in v.advice and "real need is unknown and higher" in v.advice
+    assert "15% headroom" not in v.advice and "raise that limit" in v.advice
+    assert "still starting" not in v.summary
+
+
+def test_a_kill_below_the_limit_keeps_the_headroom_advice() -> None:
+    v = _oom_at_limit(usage=40 * MiB)
+    assert "keep >= 15% headroom" in v.advice and "unknown" not in v.advice
+
+
+def test_a_kill_before_any_probe_passed_was_while_starting() -> None:
+    """A model server OOM-killed while loading: its /health answered 503 (or nothing) on
+    every probe from its start to the kill."""
+    starting = [probe(0.5, False), probe(1.0, False), probe(1.5, False)]
+    v = _oom_at_limit(*starting)
+    assert "it was still starting (none of its 3 health probes had passed)" in v.summary
+    assert "while it was still starting" in v.advice
+    v = _oom_at_limit(probe(0.5, True), *starting[1:])
+    assert "starting" not in v.summary + v.advice

@@ -5,12 +5,13 @@ no retention, no English (tracer/analysis/wording.py has the words).
 (tracer/analysis/gpu.py), then signals (a health-probe kill, a user-space OOM killer, a
 supervisor's stop, anyone else), then the process's own exit.
 
-Rules (ARCHITECTURE.md, "Verdicts need agreement"): exit status 137 alone is never a memory verdict. An OOM verdict
-needs an OOM kill of this very process incarnation (from BPF or the kernel log, stamped after
-it started) *and* a SIGKILL exit that no process sent; the OOM killer's own SIGKILL (si_code
-SI_KERNEL) is part of that OOM, not a second "signal kill". Evidence belongs to an incarnation
-(pid + start time), never to a bare pid: a report stamped before the process started is about
-an earlier process with the pid, and one an earlier exit's verdict used is gone with it.
+Rules (ARCHITECTURE.md, "Verdicts need agreement"): exit status 137 alone is never a memory
+verdict. An OOM verdict needs an OOM kill of this very process incarnation (from BPF or the
+kernel log, stamped after it started) *and* a SIGKILL exit that no process sent; the OOM
+killer's own SIGKILL (si_code SI_KERNEL) is part of that OOM, not a second "signal kill".
+Evidence belongs to an incarnation (pid + start time), never to a bare pid: a report stamped
+before the process started is about an earlier process with the pid, and one an earlier exit's
+verdict used is gone with it.
 
 How sure (README, "How sure a verdict is"): a cause the kernel records as an act is seen
 directly: the exit code a process returned, the signal hook's record of who sent the signal
@@ -204,6 +205,15 @@ def failing_probes(v: ExitView, until: int) -> list[ProbeSample]:
     return run
 
 
+def never_healthy(v: ExitView, until: int) -> int | None:
+    """How many of the unit's probes ran from this process's start to ``until`` with none
+    passing (it was still starting); None when none ran or one passed."""
+    probes = v.ev.probes_between(v.ex.start_ns, until, v.unit, v.unlabelled_probes)
+    if not probes or any(p.ok for p in probes):
+        return None
+    return len(probes)
+
+
 def _with_probe_failures(v: ExitView, f: Finding) -> Finding:
     failing = failing_probes(v, v.ex.ts)
     if not failing:
@@ -368,7 +378,7 @@ def oom_kill(v: ExitView) -> Finding:
         cause = CGROUP_OOM
         where = store.cgroup_label(limit_id, limit_path)
         summary, advice = say.cgroup_oom_text(
-            where, limit_bytes, scope, host_avail, stall, peak, HEADROOM
+            where, limit_bytes, scope, host_avail, stall, peak, HEADROOM, never_healthy(v, oom_ts)
         )
     else:
         cause, summary, advice = GLOBAL_OOM, say.GLOBAL_OOM_SUMMARY, say.GLOBAL_OOM_ADVICE
