@@ -116,19 +116,26 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } wr_gpu_peers SEC(".maps");
 
-/* [0] = 1 while user space resumes held processes (set once its guard runs, cleared before it
- * closes): no hold without somebody to end it. */
+/* [0] = user space's heartbeat: when it last said it resumes held processes (CLOCK_BOOTTIME ns;
+ * 0 = holding off). It is set once its guard runs and refreshed every loop of the recorder
+ * (tracer/gpu/side.py HEARTBEAT_NS); a hold is taken only while it is fresher than
+ * WR_HEARTBEAT_STALE_NS, so a recorder that is stuck, frozen (cgroup freezer, SIGSTOP) or
+ * dead stops nobody new: no hold without somebody to end it. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);
-	__type(value, __u32);
+	__type(value, __u64);
 } gpu_hold_on SEC(".maps");
 
-/* Per CPU: [0] holds taken, [1] holds not taken (gpu_held full, or the signal failed). */
+/* The recorder refreshes every loop (at most ~0.5 s apart when idle): 2 s is four missed loops. */
+#define WR_HEARTBEAT_STALE_NS 2000000000ULL
+
+/* Per CPU: [0] holds taken, [1] holds not taken (gpu_held full, or the signal failed), [2]
+ * spared because the heartbeat was stale, [3] spared because the task is ptraced. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 2);
+	__uint(max_entries, 4);
 	__type(key, __u32);
 	__type(value, __u64);
 } gpu_hold_counts SEC(".maps");
@@ -576,12 +583,13 @@ static __always_inline int hold_if_unprobed(long ret)
 	struct file **fds, *f = NULL;
 	struct wr_gpu_hold h = {};
 	struct wr_gpu_peer_key peer = {};
-	__u32 zero = 0, tgid, *on;
+	__u32 zero = 0, tgid;
+	__u64 *beat;
 
 	if (ret < 0)
 		return 0;
-	on = bpf_map_lookup_elem(&gpu_hold_on, &zero);
-	if (!on || !*on)
+	beat = bpf_map_lookup_elem(&gpu_hold_on, &zero);
+	if (!beat || !*beat)
 		return 0;
 	tgid = bpf_get_current_pid_tgid() >> 32;
 	if (!watched(tgid))
@@ -602,6 +610,21 @@ static __always_inline int hold_if_unprobed(long ret)
 	if (bpf_map_lookup_elem(&gpu_probed_files, &h.file))
 		return 0;
 	h.ts_ns = bpf_ktime_get_boot_ns();
+	/* Past this point the process would be held. Nobody is resuming holds (the recorder stopped
+	 * its loop, or is gone with its guard): hold nobody, count it. (A stale read of the beat
+	 * only errs one way: an older value spares the opener.) */
+	if ((__s64)(h.ts_ns - *beat) > (__s64)WR_HEARTBEAT_STALE_NS) {
+		count(&gpu_hold_counts, 2);
+		return 0;
+	}
+	/* A traced task: SIGSTOP reaches its debugger (gdb shows "SIGSTOP"), which may swallow it
+	 * or pass it later, and SIGCONT wakes only __TASK_STOPPED, never TASK_TRACED
+	 * (kernel/signal.c prepare_signal): the one SIGCONT is spent and the task group-stops with
+	 * nobody to resume it. Its first driver calls are left to the maps scan. */
+	if (BPF_CORE_READ(task, ptrace)) {
+		count(&gpu_hold_counts, 3);
+		return 0;
+	}
 	h.fd = ret;
 	if (bpf_map_update_elem(&gpu_held, &tgid, &h, BPF_NOEXIST) != 0) {
 		/* already held (another thread opened it too), or the map is full */

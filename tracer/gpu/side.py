@@ -69,6 +69,9 @@ MAX_RESCANS_PER_ROUND = 256
 # it: a node's hundred long-running non-GPU servers are not read every second (a large
 # process's maps take ~1 ms), and an unprobed libcuda opened between looks is still held by
 # the kernel until it is probed (``hold``).
+# How often the loop tells the kernel it still resumes holds (gpu.bpf.c takes none once the
+# heartbeat is 2 s old): a bpf(2) call per 250 ms, not one per loop.
+HEARTBEAT_NS = 250_000_000
 
 
 class GpuSide:
@@ -131,8 +134,12 @@ class GpuSide:
         self.hold_total_ns = 0
         self.final_holds: dict[str, Any] | None = None  # hold_summary() at close
         self._held_events: list[Event] = []  # from resume_held, for the next poll
+        self._beat_ns = 0
+        self.leftovers_resumed = 0  # processes a dead recorder's holds left stopped
+        self._pid_ns_problem = system.pid_namespace_problem()
         if self.hooks is not None and hold:
             self._start_holding()
+        self._sweep()
         library = nvml_library or os.environ.get("WHYRESTART_NVML_LIBRARY") or None
         self.nvml: GpuSampler = open_nvml(nvml_interval_s, library, clock)
         self.nvml.set_pids(None if filter_all else frozenset())
@@ -311,6 +318,7 @@ class GpuSide:
         if not final:
             if now_ns >= self._next_scan:
                 self._next_scan = now_ns + SCAN_INTERVAL_NS
+                self._sweep()
                 self._second_looks(now_ns)
                 if self._pids_dirty and not self.filter_all:
                     self.nvml.set_pids(frozenset(self._watched))
@@ -320,9 +328,23 @@ class GpuSide:
 
     # -- holds ------------------------------------------------------------------------------
 
+    def _sweep(self) -> None:
+        """Resume what the holds of a recorder that died with its guard left stopped (at start,
+        then every second: a recorder restarted at once finds them younger than the bound)."""
+        if self.hooks is None or not self.hooks.peers_shared or self._pid_ns_problem:
+            return
+        self.leftovers_resumed += len(self.hooks.sweep_leftovers(boottime_ns(), self.proc))
+
     def _start_holding(self) -> None:
         """Start the guard, then let the kernel hold: never a hold nobody can end."""
         assert self.hooks is not None
+        if self._pid_ns_problem:
+            # our SIGCONT would name another process: a hold here would be for good
+            self.hold_error = f"{self._pid_ns_problem} (fix: {system.PID_NS_FIX})"
+            self.warnings.append(
+                f"processes that load libcuda from an unprobed path are not held: {self.hold_error}"
+            )
+            return
         map_fd, peers_fd = self.hooks.held_map.fd, self.hooks.peers.fd
         r, w = os.pipe()  # both ends close on exec: only the guard gets the read end
         try:
@@ -374,6 +396,11 @@ class GpuSide:
         hold: the guard resumes whatever is left if we die in between)."""
         assert self.hooks is not None
         out: list[Event] = []
+        beat = boottime_ns()
+        if beat - self._beat_ns >= HEARTBEAT_NS:
+            with contextlib.suppress(WhyrestartError):
+                self.hooks.heartbeat()
+                self._beat_ns = beat
         try:
             held = self.hooks.held()
         except WhyrestartError:
@@ -414,13 +441,17 @@ class GpuSide:
 
     def hold_summary(self) -> dict[str, Any]:
         """What holding cost and missed, for the trace footer."""
-        taken = refused = 0
+        taken = refused = stale = traced = 0
         if self.hooks is not None:
             with contextlib.suppress(WhyrestartError):
-                taken, refused = self.hooks.hold_counts_now()
+                taken, refused, stale, traced = self.hooks.hold_counts_now()
         return {
             "taken": taken,
             "not_taken": refused,
+            # openers not held: this recorder's loop had not beaten for 2 s; or ptraced
+            "spared_stale": stale,
+            "spared_traced": traced,
+            "leftovers_resumed": self.leftovers_resumed,
             "resumed_by_recorder": self.holds_resumed,
             "max_ms": round(self.hold_max_ns / 1e6, 3),
             "mean_ms": round(self.hold_total_ns / 1e6 / self.holds_resumed, 3)
