@@ -376,6 +376,14 @@ class GpuSide:
         finally:
             os.close(r)
         self._guard_pipe = w
+        if not system.has_capability(system.CAP_SYS_RESOURCE):
+            # the guard cannot set oom_score_adj -1000 (tracer/gpu/holdguard.py)
+            self.warnings.append(
+                "the hold guard is not spared by OOM kills (no CAP_SYS_RESOURCE): an OOM of "
+                "this recorder's cgroup under memory.oom.group kills it too, and what it held "
+                "is resumed only by the next recorder, about 5 s later "
+                "(fix: grant CAP_SYS_RESOURCE)"
+            )
         errors = self.hooks.enable_holds()
         if errors and len(errors) == 3:
             self.hold_error = "; ".join(errors)

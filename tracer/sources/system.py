@@ -174,3 +174,17 @@ def pid_namespace_problem(ns_path: str = "/proc/self/ns/pid") -> str | None:
         "host's): the kernel's pids would be misread, and a process held at its first GPU "
         "call would be resumed by the wrong pid"
     )
+
+
+CAP_SYS_RESOURCE = 24  # include/uapi/linux/capability.h
+
+
+def has_capability(cap: int, status: str = "/proc/self/status") -> bool:
+    """``cap`` is in this process's effective set (root may lack some: a container or a
+    systemd unit's CapabilityBoundingSet)."""
+    try:
+        with open(status) as f:
+            eff = next(ln.split()[1] for ln in f if ln.startswith("CapEff:"))
+    except (OSError, StopIteration, IndexError):
+        return False
+    return bool(int(eff, 16) >> cap & 1)
