@@ -556,6 +556,12 @@ static __always_inline bool named_libcuda(struct file *f)
 	return true;
 }
 
+/* include/uapi/linux/magic.h */
+#define WR_OVERLAYFS_SUPER_MAGIC 0x794c7630
+/* the dev of a file seen through overlayfs (tracer/bpf/gpuhooks.py OVERLAY_DEV): no dev_t is
+ * wider than 32 bits */
+#define WR_GPU_FILE_OVERLAY (1ULL << 63)
+
 /* fmode_t bits (include/linux/fs.h; stable since 2.6.39, when FMODE_PATH came with O_PATH). */
 #define WR_FMODE_READ 0x1
 #define WR_FMODE_WRITE 0x2
@@ -607,6 +613,17 @@ static __always_inline int hold_if_unprobed(long ret)
 		return 0;
 	h.file.dev = BPF_CORE_READ(f, f_inode, i_sb, s_dev);
 	h.file.ino = BPF_CORE_READ(f, f_inode, i_ino);
+	/* Through overlayfs (every container's image) f_inode is the overlay's inode, and each
+	 * overlay mount (each container start) has a dev of its own; uprobes are keyed by the real
+	 * inode underneath (d_real_inode, kernel/trace/trace_uprobe.c), which every container of
+	 * the image shares. Its i_ino is the real inode's number where the layers share one file
+	 * system (fs/overlayfs/inode.c ovl_map_ino: the usual /var/lib/containers or containerd
+	 * snapshotter layout; with xino, the real number plus the layer's fsid in the high bits),
+	 * so overlay files are keyed by that number alone: one hold per real file, not one per
+	 * container. (The real inode itself sits behind overlayfs-private structures that changed
+	 * in 6.6 and 6.13.) */
+	if (BPF_CORE_READ(f, f_inode, i_sb, s_magic) == WR_OVERLAYFS_SUPER_MAGIC)
+		h.file.dev = WR_GPU_FILE_OVERLAY;
 	if (bpf_map_lookup_elem(&gpu_probed_files, &h.file))
 		return 0;
 	h.ts_ns = bpf_ktime_get_boot_ns();

@@ -119,8 +119,9 @@ class GpuSide:
             holder=int.from_bytes(os.urandom(4), "little") | 1,
         )
         self._open_hooks(config, object_path, hold)
-        # (st_dev, inode) of each driver library file -> what probing it gave
-        self._libraries: dict[tuple[int, int], AttachedLibrary] = {}
+        # each driver library file (libcuda.file_key: one per real file, however many
+        # containers' overlays show it) -> what probing it gave
+        self._libraries: dict[tuple[int, int, int], AttachedLibrary] = {}
         self._host: dict[str, str] = {}
         if self.hooks is not None and attach_host:
             for path in libcuda.host_libraries():
@@ -532,27 +533,23 @@ class GpuSide:
         return out
 
     def _attach_mapping(self, pid: int, m: libcuda.Mapping) -> AttachedLibrary:
-        known = self._libraries.get(m.key)
-        if known is not None:
-            return known
         if self.hooks is None:
-            res = AttachedLibrary(m.path, errors=[f"uprobes unavailable: {self.hooks_error}"])
-        else:
-            path = libcuda.attach_path(pid, m, self.proc)
-            if path is None:
-                # gone before we looked: the next process mapping this file tries again
-                return AttachedLibrary(m.path, errors=["the process exited before probing"])
-            res = self.hooks.attach_library(path, m.path)
-        self._libraries[m.key] = res
-        return res
+            return AttachedLibrary(m.path, errors=[f"uprobes unavailable: {self.hooks_error}"])
+        path = libcuda.attach_path(pid, m, self.proc)
+        if path is None:
+            # gone before we looked: the next process mapping this file tries again
+            return AttachedLibrary(m.path, errors=["the process exited before probing"])
+        # the same key as a hold's (_attach_file_once): a file probed on either path is
+        # probed once
+        return self._attach_file_once(path, m.path)
 
     def _attach_file_once(self, path: str, shown_as: str) -> AttachedLibrary:
-        """Probe a library file by path, once per file (by st_dev and inode)."""
+        """Probe a library file by path, once per real file (``libcuda.file_key``)."""
         try:
             st = os.stat(path)
         except OSError as exc:
             return AttachedLibrary(shown_as, errors=[f"{shown_as}: {exc.strerror}"], opened=False)
-        key = (st.st_dev, st.st_ino)
+        key = libcuda.file_key(st)
         res = self._libraries.get(key)
         if res is None:
             assert self.hooks is not None
