@@ -140,6 +140,9 @@ def preflight() -> None:
     too_old = system.kernel_too_old(system.kernel_release())
     if too_old:
         raise KernelUnsupported(too_old, system.KERNEL_FIX)
+    pid_ns = system.pid_namespace_problem()
+    if pid_ns:
+        raise UsageError(pid_ns, system.PID_NS_FIX)
     if not os.path.exists(system.BTF_PATH):
         raise KernelUnsupported(
             f"this kernel has no BTF ({system.BTF_PATH} is missing)",
