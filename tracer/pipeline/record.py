@@ -195,7 +195,11 @@ class Recorder:
     command exits, the duration passes or a signal arrives, then drained and closed.
 
     ``sources``: more sources to run beside the recorder's own (repro's liveness prober);
-    ``sinks``: more sinks to hand the ordered events to (after the trace and the analyzer).
+    ``sinks``: more sinks to hand the ordered events to (after the trace and the analyzer);
+    ``on_ready``: called once, from the recording's thread, when the hooks are attached and
+    every source and sink is in place, so that a record the kernel makes from then on is
+    judged (the agent's readiness: its ready line, /readyz, sd_notify; tests wait on it
+    rather than on sleeps). Before the command starts; not called if the set-up fails.
 
     Large on purpose (over 400 lines): it owns a recording's lifecycle end to end (checking
     the targets, starting the command, assembling the pipeline, the loop, the header and
@@ -221,7 +225,9 @@ class Recorder:
         agent_filter: bool = False,
         poll_ms: int = POLL_MS,
         idle_poll_ms: int | None = None,
+        on_ready: Callable[[], None] | None = None,
     ) -> None:
+        self.on_ready = on_ready
         self.overwrite = overwrite
         # SIGHUP: with ``reload`` (the agent), call it from the loop instead of stopping
         self.reload = reload
@@ -476,6 +482,10 @@ class Recorder:
         started = time.monotonic()
         try:
             try:
+                # (the ring keeps what the kernel sends from the attach on, and the loop's
+                # first step reads it: ready now, not after a first step)
+                if self.on_ready is not None:
+                    self.on_ready()
                 if self.targets.command:
                     child = self._start_command(watch, gpu)
                 self._loop(pipeline, child, watch, writer, counters, started)
