@@ -238,6 +238,18 @@ def passed_on(code: int, pid: int, comm: str, summary: str) -> str:
     return f"exited with code {code}, passing on the death of pid {pid} ({comm}): {summary}"
 
 
+def related_death(
+    code: int, gap_ns: int, pid: int, comm: str, worker: bool, oom: bool, sig: str | None
+) -> str:
+    who = f"its worker pid {pid} ({comm})" if worker else f"pid {pid} ({comm}) of the same unit"
+    how = "was OOM-killed" if oom else f"was killed by {sig or 'a signal'}"
+    return f"exited {code}, {fmt_duration(gap_ns)} after {who} {how}"
+
+
+def related_death_summary(line: str, summary: str) -> str:
+    return f"{line}: {summary}"
+
+
 def raised_by_itself(name: str) -> str:
     return f"{name} raised by the process itself"
 
