@@ -14,8 +14,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 import urllib.error
@@ -26,8 +28,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.recording import wait_for
+from tests.recording import record_while, wait_for
 from tests.servers import pymodel
+from tests.servers.pymodel import image
 from tests.workloads import in_cgroup
 from tracer.follow import ProbeSetup
 from tracer.record import Recorder, RecordResult, Targets
@@ -192,3 +195,96 @@ def test_a_master_exiting_1_after_its_workers_oom_kill_passes_the_oom_on(
     line = re.compile(rf"exited 1, {gap} after its worker pid {victim} \(gunicorn\) was OOM-killed")
     assert any(line.fullmatch(what) for _, what in m.evidence), m.evidence
     assert line.match(m.summary), m.summary
+
+
+# -- (c) in a podman container with a restart policy -----------------------------------------
+
+CONF = Path(__file__).resolve().parent / "data" / "runtimes" / "containers.conf"
+PODMAN_ENV = {**os.environ, "CONTAINERS_CONF": str(CONF)}
+# conmon writes a file named "oom" into its working directory when its container is OOM-killed
+# (tests/podmanimg.py): podman runs from a scratch directory, not the checkout
+PODMAN_CWD = tempfile.mkdtemp(prefix="pyserver-podman-")
+
+
+def podman(*args: str, check: bool = True, stdin: bytes | None = None) -> str:
+    r = subprocess.run(
+        ["podman", *args],
+        input=stdin,
+        capture_output=True,
+        timeout=300,
+        env=PODMAN_ENV,
+        cwd=PODMAN_CWD,
+    )
+    if check:
+        assert r.returncode == 0, (args, r.stderr.decode(errors="replace")[-3000:])
+    return r.stdout.decode(errors="replace")
+
+
+@pytest.fixture(scope="module")
+def server_image(bare_target: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The server's image (tests/servers/pymodel/image.py) on the bare Debian root imported as
+    its base, under tags of this run's own."""
+    if shutil.which("podman") is None or shutil.which("runc") is None:
+        pytest.skip("podman and runc are not installed (scripts/setup installs them)")
+    base = f"localhost/pyserver-test-base:{os.getpid()}"
+    tag = f"localhost/pyserver-test-image:{os.getpid()}"
+    try:
+        tar = subprocess.run(
+            ["tar", "-C", str(bare_target), "--exclude=./tmp/*", "-c", "."],
+            capture_output=True,
+            check=True,
+            timeout=300,
+        ).stdout
+        podman("import", "-", base, stdin=tar)
+        image.build(tag, base, tmp_path_factory.mktemp("pymodel-image") / "ctx", PODMAN_ENV)
+        yield tag
+    finally:
+        podman("rmi", "-f", tag, base, check=False)
+
+
+def restart_count(name: str) -> int:
+    return int(podman("inspect", "-f", "{{.RestartCount}}", name).strip())
+
+
+def test_restarts_after_worker_ooms_agree_with_podmans_restart_count(
+    tmp_path: Path, server_image: str, model: Path
+) -> None:
+    """vllm#45626 under `--restart on-failure:3`: each overload OOM-kills a worker, the master
+    exits 1, podman restarts the container. Twice: two restarts, each named the worker's
+    cgroup_oom, as many as podman's RestartCount."""
+    name = f"pyserver-{os.getpid()}-{time.monotonic_ns() % 100000}"
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    podman(
+        "create", "--name", name, "--network=host", "--memory=256m",
+        "--restart=on-failure:3", "-v", f"{model}:/model/weights.f32:ro",
+        "-e", f"PYMODEL_PORT={port}", "-e", "PYMODEL_WEIGHTS=/model/weights.f32",
+        "-e", "PYMODEL_WORKERS=2", "-e", "PYMODEL_EXIT_ON_WORKER_DEATH=1",
+        server_image,
+    )  # fmt: skip
+    answers: list[int] = []
+
+    def overload_twice() -> None:
+        podman("start", name)
+        for n in (1, 2):
+            wait_for(lambda: get(f"{url}/health", 1)[0] == 200, 60, "/health 200")
+            time.sleep(0.5)  # (both workers up)
+            answers.append(get(f"{url}/generate?mib={BIG_MIB}&tokens=4", 30)[0])
+            wait_for(lambda: restart_count(name) == n, 60, f"podman's restart {n}")  # noqa: B023
+        wait_for(lambda: get(f"{url}/health", 1)[0] == 200, 60, "/health 200 at last")
+
+    probes = ProbeSetup([parse_probe(f"{url}/health")], 0.3, 0.5)
+    try:
+        res = record_while(tmp_path, name, overload_twice, probes=probes)
+        count = restart_count(name)
+    finally:
+        podman("rm", "-f", "-t", "0", name, check=False)
+    assert answers == [0, 0] and count == 2
+    unit = f"podman {name}"
+    mains = [v for v in res.verdicts if v.main and v.unit == unit and v.exit_code == 1]
+    assert [(v.cause, v.confidence) for v in mains] == [("cgroup_oom", "medium")] * 2
+    assert all("was OOM-killed" in v.summary for v in mains)
+    workers = [v for v in res.verdicts if not v.main and v.cause == "cgroup_oom"]
+    assert len(workers) == 2 and all(killed_in_kernel_log(v.pid) for v in workers)
+    assert [r.cause for r in res.restarts] == ["cgroup_oom", "cgroup_oom"]
+    assert res.restart_counts == [(unit, 2, 2, "podman")]
