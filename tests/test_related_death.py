@@ -64,7 +64,7 @@ def test_a_master_exiting_1_after_its_workers_oom_kill_passes_the_oom_on() -> No
     assert (v.cause, v.confidence, v.main, v.exit_code) == ("cgroup_oom", "medium", True, 1)
     line = "exited 1, 300 ms after its worker pid 101 (gunicorn) was OOM-killed"
     assert any(what == line for _, what in v.evidence)
-    assert v.summary.startswith(line + ": ")
+    assert v.summary.startswith(line + ": ") and v.summary.count("OOM-killed") == 1
     # the worker's own evidence comes with it: the kernel's report of the kill
     assert any("pid 101" in what and "oom" in what.lower() for _, what in v.evidence)
     assert v.limit_cgroup == worker.limit_cgroup and v.limit_bytes == worker.limit_bytes
@@ -149,3 +149,17 @@ def test_a_containers_restart_after_its_api_exits_1_names_the_workers_oom() -> N
     assert (v.cause, v.confidence, v.main) == ("cgroup_oom", "medium", True)
     assert "exited 1, 200 ms after its worker pid 101 (gunicorn) was OOM-killed" in v.summary
     assert [(r.old_pid, r.new_pid, r.cause) for r in a.restarts] == [(100, 300, "cgroup_oom")]
+
+
+def test_the_agents_analyzer_passes_it_on_alike() -> None:
+    # the agent judges an OOM kill as soon as its evidence is in, and builds only the verdicts
+    # it keeps: the master's exit still finds its worker's death
+    vs = judge(
+        *server(101, 102),
+        *worker_oom(1.0, 101),
+        exit_code(1.3, 100, 1, comm="gunicorn", cg=50),
+        early_oom=True,
+        every_verdict=False,
+    )
+    v = master_of(vs)
+    assert (v.cause, v.confidence, v.exit_code) == ("cgroup_oom", "medium", 1)

@@ -247,7 +247,8 @@ def related_death(
 
 
 def related_death_summary(line: str, summary: str) -> str:
-    return f"{line}: {summary}"
+    # (the line already says how it died: "... was OOM-killed: OOM-killed: ..." says it twice)
+    return f"{line}: {summary.removeprefix('OOM-killed: ')}"
 
 
 def raised_by_itself(name: str) -> str:
