@@ -32,10 +32,12 @@ from tests.recording import record_while, wait_for
 from tests.servers import pymodel
 from tests.servers.pymodel import image
 from tests.workloads import in_cgroup
+from tracer.events import ProbeSample
 from tracer.follow import ProbeSetup
 from tracer.record import Recorder, RecordResult, Targets
 from tracer.sources.cgroupfs import CgroupLayout, ChildCgroup
 from tracer.sources.probes import parse_probe
+from tracer.trace.reader import read_trace
 
 pytestmark = pytest.mark.root
 
@@ -114,7 +116,8 @@ def serve_and_overload(
     """Record the server in ``cg`` with a probe of its /health; once it is healthy, one request
     whose working memory does not fit; then (if it is still up) a small one, and a SIGTERM."""
     port = free_port()
-    argv, env = pymodel.command(port, model, 2, exit_on_worker_death)
+    # (a second before each worker maps the model: /health's 503s are long enough to probe)
+    argv, env = pymodel.command(port, model, 2, exit_on_worker_death, load_s=1.0)
     own = {k: v for k, v in env.items() if k.startswith("PYMODEL_")}
     command = in_cgroup(cg, "env", *(f"{k}={v}" for k, v in own.items()), *argv)
     url = f"http://127.0.0.1:{port}"
@@ -174,6 +177,10 @@ def test_a_worker_oom_killed_while_the_master_respawns_it_is_a_childs_death(
     assert (v.cause, v.confidence, v.main) == ("cgroup_oom", "high", False)
     assert (v.limit_cgroup, v.limit_bytes) == (run.cgroup, LIMIT)
     assert v.comm == "gunicorn"
+    assert any(what.startswith("kernel log: CONSTRAINT_MEMCG") for _, what in v.evidence)
+    # the recorded probes saw the server load: 503 while its workers read the model, then 200
+    codes = [e.status for e in read_trace(run.res.path).events if isinstance(e, ProbeSample)]
+    assert 503 in codes and 200 in codes[codes.index(503) :], codes
     # a child's death, not a restart of the unit: its main process (the master) lived on
     assert run.res.restarts == []
     [m] = [v for v in run.res.verdicts if v.pid == run.master]
@@ -286,5 +293,6 @@ def test_restarts_after_worker_ooms_agree_with_podmans_restart_count(
     assert all("was OOM-killed" in v.summary for v in mains)
     workers = [v for v in res.verdicts if not v.main and v.cause == "cgroup_oom"]
     assert len(workers) == 2 and all(killed_in_kernel_log(v.pid) for v in workers)
+    assert all(v.unit == unit for v in workers)
     assert [r.cause for r in res.restarts] == ["cgroup_oom", "cgroup_oom"]
     assert res.restart_counts == [(unit, 2, 2, "podman")]
