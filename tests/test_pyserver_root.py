@@ -210,7 +210,8 @@ CONF = Path(__file__).resolve().parent / "data" / "runtimes" / "containers.conf"
 PODMAN_ENV = {**os.environ, "CONTAINERS_CONF": str(CONF)}
 # conmon writes a file named "oom" into its working directory when its container is OOM-killed
 # (tests/podmanimg.py): podman runs from a scratch directory, not the checkout
-PODMAN_CWD = tempfile.mkdtemp(prefix="pyserver-podman-")
+# (made and removed by server_image)
+PODMAN_CWD = Path(tempfile.gettempdir()) / f"pyserver-podman-{os.getpid()}"
 
 
 def podman(*args: str, check: bool = True, stdin: bytes | None = None) -> str:
@@ -235,6 +236,7 @@ def server_image(bare_target: Path, tmp_path_factory: pytest.TempPathFactory) ->
         pytest.skip("podman and runc are not installed (scripts/setup installs them)")
     base = f"localhost/pyserver-test-base:{os.getpid()}"
     tag = f"localhost/pyserver-test-image:{os.getpid()}"
+    PODMAN_CWD.mkdir(exist_ok=True)
     try:
         tar = subprocess.run(
             ["tar", "-C", str(bare_target), "--exclude=./tmp/*", "-c", "."],
@@ -247,6 +249,7 @@ def server_image(bare_target: Path, tmp_path_factory: pytest.TempPathFactory) ->
         yield tag
     finally:
         podman("rmi", "-f", tag, base, check=False)
+        shutil.rmtree(PODMAN_CWD, ignore_errors=True)
 
 
 def restart_count(name: str) -> int:
