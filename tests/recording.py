@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tracer.record import Recorder, RecordResult, Targets
+from tracer.pipeline.record import Recorder, RecordResult, Targets
 
 
 def record(tmp_path: Path, argv: list[str], name: str = "t.trace") -> RecordResult:

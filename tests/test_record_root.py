@@ -17,7 +17,7 @@ import pytest
 from tests.recording import record
 from tests.workloads import HOG, cache_churn, in_cgroup
 from tracer.events import Exec, Exit, KmsgOom, OomKill, Signal
-from tracer.record import Recorder, RecordResult, Targets
+from tracer.pipeline.record import Recorder, RecordResult, Targets
 from tracer.sources.cgroupfs import CgroupLayout, ChildCgroup
 from tracer.trace.reader import read_trace
 

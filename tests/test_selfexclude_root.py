@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from tracer.events import Event, Exit, ProbeSample
-from tracer.follow import ProbeSetup
-from tracer.record import Recorder, RecordResult, Targets
+from tracer.pipeline.follow import ProbeSetup
+from tracer.pipeline.record import Recorder, RecordResult, Targets
 from tracer.sources.cgroupfs import CgroupLayout, ChildCgroup, own_memory_cgroup
 from tracer.sources.probes import parse_probe
 

@@ -34,7 +34,7 @@ from tests.streams import (
     t,
     unit_info,
 )
-from tracer.analysis.verdicts import Analyzer, Verdict
+from tracer.analysis.analyzer import Analyzer, Verdict
 from tracer.events import Event, Exec
 
 GiB = 1024 * MiB
@@ -118,7 +118,7 @@ def test_a_self_sent_sigkill_is_not_called_abort() -> None:
 
 def test_an_offset_before_the_start_has_one_sign() -> None:
     """Finding 7: negative offsets printed as "+-0.008s"."""
-    from tracer.render import Clock
+    from tracer.outputs.text import Clock
 
     clock = Clock(10_000_000_000, None)
     assert clock.rel(9_992_000_000) == "-0.008s"
@@ -525,7 +525,7 @@ def test_samples_delayed_within_their_interval_give_the_same_verdicts(ms: list[i
 def test_an_exit_is_judged_in_the_first_round_a_settle_past_it() -> None:
     """Late evidence may arrive for SETTLE_NS after an exit; verdicts are then reached in rounds
     of stream time: never before the settle, at most a round (and an event) after it."""
-    from tracer.analysis.verdicts import ROUND_NS, SETTLE_NS
+    from tracer.analysis.analyzer import ROUND_NS, SETTLE_NS
 
     a = Analyzer()
     assert a.feed(exit_code(1.0, 100, 3)) == []
@@ -574,7 +574,7 @@ def _busy_stream(n: int) -> list[Event]:
 
 
 def test_unread_verdicts_are_counted_not_built_with_the_same_outcome() -> None:
-    from tracer.analysis import verdicts as vmod
+    from tracer.analysis import analyzer as vmod
 
     events = _busy_stream(vmod.MAX_KEPT + vmod.MAX_CLEAN_KEPT + 2000)
     every, lean = Analyzer(every_verdict=True), Analyzer(every_verdict=False)

@@ -27,13 +27,13 @@ from tracer.agent.metrics import DEFAULT_SERIES_TTL_S, Metrics
 from tracer.agent.otel import log_line
 from tracer.agent.segments import DEFAULT_RETAIN_S, DEFAULT_SEGMENT_S, SegmentSink
 from tracer.agent.state import Evicted, StateDir
+from tracer.analysis.analyzer import Analyzer
 from tracer.analysis.findings import Verdict
 from tracer.analysis.units import label_parts
-from tracer.analysis.verdicts import Analyzer
 from tracer.clock import wall_time
 from tracer.errors import UsageError
 from tracer.events import CgroupInfo, Event, Lost, ReclaimStall, ReclaimSummary
-from tracer.record import Recorder, Targets
+from tracer.pipeline.record import Recorder, Targets
 from tracer.safetext import field
 from tracer.sources.cgroupfs import CgroupLayout, CgroupResolver
 from tracer.trace.format import TraceFooter

@@ -5,7 +5,7 @@ no retention, no English (tracer/analysis/wording.py has the words).
 (tracer/analysis/gpu.py), then signals (a health-probe kill, a user-space OOM killer, a
 supervisor's stop, anyone else), then the process's own exit.
 
-Rules (DESIGN.md, "Verdicts"): exit status 137 alone is never a memory verdict. An OOM verdict
+Rules (ARCHITECTURE.md, "Verdicts need agreement"): exit status 137 alone is never a memory verdict. An OOM verdict
 needs an OOM kill of this very process incarnation (from BPF or the kernel log, stamped after
 it started) *and* a SIGKILL exit that no process sent; the OOM killer's own SIGKILL (si_code
 SI_KERNEL) is part of that OOM, not a second "signal kill". Evidence belongs to an incarnation

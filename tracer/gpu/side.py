@@ -53,6 +53,7 @@ from tracer.events import (
 )
 from tracer.gpu import holdguard, libcuda
 from tracer.gpu.nvml import DEFAULT_INTERVAL_S, Clock, GpuSampler, open_nvml
+from tracer.parse import cuda
 from tracer.sources import system
 
 __all__ = ["SCAN_INTERVAL_NS", "GpuSide"]
@@ -542,7 +543,7 @@ class GpuSide:
                 self.hooks.mark_probed(kdev, st.st_ino)
         if res.errors and not res.probed:
             return "not probed: " + "; ".join(res.errors)
-        return f"{res.allocations_probed}/{len(libcuda.ALLOC_FUNCTIONS)} allocation entry points"
+        return f"{res.allocations_probed}/{len(cuda.ALLOC_FUNCTIONS)} allocation entry points"
 
     def close(self) -> None:
         if self.hooks is not None and self._guard_pipe is not None:

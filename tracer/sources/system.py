@@ -125,23 +125,3 @@ def ensure_bpffs() -> bool:
         return False
     mount_fs("bpf", BPFFS)
     return bpffs_mounted()
-
-
-def libbpf_version() -> str | None:
-    try:
-        from tracer.bpf.libbpf import lib
-
-        return lib().version
-    except Exception:
-        return None
-
-
-def libbpf_status() -> tuple[bool, str]:
-    """(loaded, what to show): "1.1, bundled (PATH)" / "1.1, system (libbpf.so.1)", or why it
-    could not be loaded (not installed, too old, a bundled copy that does not load)."""
-    try:
-        from tracer.bpf.libbpf import lib
-
-        return True, lib().describe()
-    except Exception as exc:
-        return False, getattr(exc, "message", None) or str(exc)

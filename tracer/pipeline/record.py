@@ -9,7 +9,8 @@ The flow is `tracer.pipeline`'s; this module assembles it for a recording:
   analysed, so replaying the file gives the same verdicts).
 
 The ring buffer is drained on a 10 ms timer (records are submitted without wake-ups, except
-OOM kills), which keeps the tracer's cost low under exit storms (DESIGN.md).
+OOM kills), which keeps the tracer's cost low under exit storms (ARCHITECTURE.md,
+"Wake-ups cost").
 """
 
 from __future__ import annotations
@@ -28,16 +29,16 @@ from typing import Any
 import psutil
 
 from tracer import __version__, selfguard
-from tracer.analysis.verdicts import Analyzer, Restart, Verdict
+from tracer.analysis.analyzer import Analyzer, Restart, Verdict
 from tracer.bpf import hooks, layout
 from tracer.clock import boottime_ns, realtime_offset_ns
 from tracer.errors import KernelUnsupported, OutputError, PermissionProblem, UsageError
 from tracer.events import Event
-from tracer.follow import Follower, ProbeSetup
 from tracer.gpu.side import SCAN_INTERVAL_NS, GpuSide
 from tracer.parse.cgroup import parse_proc_cgroup
 from tracer.pipeline.core import Enricher, Pipeline, Sink, Source, header_parts
 from tracer.pipeline.enrich import CgroupNamer, Follow, SenderExe, WatchSet
+from tracer.pipeline.follow import Follower, ProbeSetup
 from tracer.pipeline.sinks import AnalyzerSink, TraceSink
 from tracer.pipeline.sources import (
     POLL_MS,
