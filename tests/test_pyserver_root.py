@@ -33,8 +33,8 @@ from tests.servers import pymodel
 from tests.servers.pymodel import image
 from tests.workloads import in_cgroup
 from tracer.events import ProbeSample
-from tracer.follow import ProbeSetup
-from tracer.record import Recorder, RecordResult, Targets
+from tracer.pipeline.follow import ProbeSetup
+from tracer.pipeline.record import Recorder, RecordResult, Targets
 from tracer.sources.cgroupfs import CgroupLayout, ChildCgroup
 from tracer.sources.probes import parse_probe
 from tracer.trace.reader import read_trace
@@ -139,8 +139,10 @@ def serve_and_overload(
         assert status == 0  # its worker died under it: no answer
         answers: list[tuple[int, bytes]] = []
         if not exit_on_worker_death:
-            wait_for(lambda: len(pids_in(cg)) == 3, 30, "the master's respawned worker")
-            [new] = set(pids_in(cg)) - {master, *workers}
+            # (the victim may still be listed while it exits: wait for the newcomer)
+            before = {master, *workers}
+            wait_for(lambda: bool(set(pids_in(cg)) - before), 30, "the master's respawned worker")
+            [new] = set(pids_in(cg)) - before
             # the new worker answers 503 until it has read the model, then 200 with its pid
             # (the listening socket spreads the probes over both workers)
             wait_for(lambda: healthy(url, new), 30, "/health 200 from the respawned worker")

@@ -21,7 +21,7 @@ from tests.streams import (
     sent,
     unit_info,
 )
-from tracer.analysis.verdicts import Analyzer, Verdict
+from tracer.analysis.analyzer import Analyzer, Verdict
 from tracer.events import Event
 
 ID = "d" * 64

@@ -5,12 +5,13 @@ no retention, no English (tracer/analysis/wording.py has the words).
 (tracer/analysis/gpu.py), then signals (a health-probe kill, a user-space OOM killer, a
 supervisor's stop, anyone else), then the process's own exit.
 
-Rules (ARCHITECTURE.md, "Verdicts need agreement"): exit status 137 alone is never a memory verdict. An OOM verdict
-needs an OOM kill of this very process incarnation (from BPF or the kernel log, stamped after
-it started) *and* a SIGKILL exit that no process sent; the OOM killer's own SIGKILL (si_code
-SI_KERNEL) is part of that OOM, not a second "signal kill". Evidence belongs to an incarnation
-(pid + start time), never to a bare pid: a report stamped before the process started is about
-an earlier process with the pid, and one an earlier exit's verdict used is gone with it.
+Rules (ARCHITECTURE.md, "Verdicts need agreement"): exit status 137 alone is never a memory
+verdict. An OOM verdict needs an OOM kill of this very process incarnation (from BPF or the
+kernel log, stamped after it started) *and* a SIGKILL exit that no process sent; the OOM
+killer's own SIGKILL (si_code SI_KERNEL) is part of that OOM, not a second "signal kill".
+Evidence belongs to an incarnation (pid + start time), never to a bare pid: a report stamped
+before the process started is about an earlier process with the pid, and one an earlier exit's
+verdict used is gone with it.
 
 How sure (README, "How sure a verdict is"): a cause the kernel records as an act is seen
 directly: the exit code a process returned, the signal hook's record of who sent the signal
