@@ -81,6 +81,12 @@ PRESSURE_USAGE = 0.90  # of a cgroup's limit
 PRESSURE_STALL_NS = 1 * SECOND
 RUNTIME_HEALTHCHECK = "healthcheck"  # ProbeSample.target of a runtime's own exec health check
 HEADROOM = 0.15
+# A main process's non-zero exit this soon after another process of its unit was OOM-killed or
+# killed by a signal passes that death on (an API server whose engine or worker process died:
+# vllm's "Failed core proc(s)", a gunicorn master giving up on its workers). Seconds, not
+# more: a later exit has had time for a cause of its own.
+RELATED_DEATH_NS = 5 * SECOND
+RELATED_DEATHS_KEPT = 8  # deaths remembered per unit (the first of a cascade is the cause)
 
 # Signals a process raises on itself (abort(), faults): without a signal event for the exit,
 # these are taken as its own doing.
@@ -109,6 +115,9 @@ class ExitView:
     main: bool = True  # its unit's main process
     init_exit: tuple[int, int] | None = None  # (pid, ts): its unit's main process ended
     child_death: Verdict | None = None  # the last death by a signal of another process there
+    # the last few deaths by a signal of other processes there, oldest first, with each one's
+    # parent pid (related_exit)
+    related_deaths: tuple[tuple[Verdict, int], ...] = ()
     ancestors: frozenset[int] = frozenset()  # its parent and theirs, in the recorded tree
     exe_of: Callable[[int], str] | None = None  # a pid's executable from its exec, when seen
 
@@ -241,7 +250,7 @@ def _decide(v: ExitView) -> Finding:
         return gpu
     if ws.signal is not None:
         return signal_exit(v, had_oom)
-    return init_exit(v) or app_exit(v, had_oom)
+    return init_exit(v) or related_exit(v, had_oom) or app_exit(v, had_oom)
 
 
 # -- the process's own exit ------------------------------------------------------------------
@@ -298,6 +307,58 @@ def init_exit(v: ExitView) -> Finding | None:
         host_available=child.host_available,
         exit_code=code,
     )
+
+
+def related_exit(v: ExitView, had_oom: bool) -> Finding | None:
+    """A unit's main process exits non-zero within RELATED_DEATH_NS after another process of
+    the unit (its worker, its engine process) was OOM-killed or killed by a signal that the
+    main process did not send itself: that death is the cause, passed on with its evidence and
+    the gap (an API server exiting 1 after its worker's OOM kill is not a bug of its own).
+    Medium at most: the link is inferred from the timing; an OOM report about the main
+    process itself (a disagreement app_exit states) leaves it to app_exit."""
+    ex, code = v.ex, v.ex.wait.code
+    if not v.main or had_oom or not code or not v.related_deaths:
+        return None
+    lo = max(ex.ts - RELATED_DEATH_NS, ex.start_ns)
+    # (deaths the main process caused itself, stopping its workers on its way out, are its
+    # doing, not a cause; a pid reused by the main process is not another process)
+    near = [
+        (d, ppid)
+        for d, ppid in v.related_deaths
+        if lo <= d.ts <= ex.ts and d.pid != ex.pid and d.sender_pid != ex.pid
+    ]
+    if not near:
+        return None
+    # the first death of a cascade is its cause; an OOM kill before any other death
+    ooms = [n for n in near if n[0].cause in _OOM_CAUSES]
+    child, ppid = (ooms or near)[0]
+    gap = ex.ts - child.ts
+    oom = child.cause in _OOM_CAUSES
+    line = say.related_death(code, gap, child.pid, child.comm, ppid == ex.pid, oom, child.signal)
+    return Finding(
+        child.cause,
+        MEDIUM if child.confidence != LOW else LOW,
+        say.related_death_summary(line, child.summary),
+        child.advice,
+        tuple(sorted([*child.evidence, v.exit_ev, (ex.ts, line)])),
+        disagreements=child.disagreements,
+        sender_pid=child.sender_pid,
+        sender_comm=child.sender_comm,
+        sender_role=child.sender_role,
+        limit_cgroup=child.limit_cgroup,
+        limit_scope=child.limit_scope,
+        limit_bytes=child.limit_bytes,
+        usage_bytes=child.usage_bytes,
+        peak_bytes=child.peak_bytes,
+        peak_ts=child.peak_ts,
+        breakdown=child.breakdown,
+        stall_ns=child.stall_ns,
+        host_available=child.host_available,
+        exit_code=code,
+    )
+
+
+_OOM_CAUSES = frozenset((CGROUP_OOM, GLOBAL_OOM))
 
 
 def alloc_failures(v: ExitView) -> list[Evidence_]:

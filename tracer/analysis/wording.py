@@ -262,6 +262,19 @@ def passed_on(code: int, pid: int, comm: str, summary: str) -> str:
     return f"exited with code {code}, passing on the death of pid {pid} ({comm}): {summary}"
 
 
+def related_death(
+    code: int, gap_ns: int, pid: int, comm: str, worker: bool, oom: bool, sig: str | None
+) -> str:
+    who = f"its worker pid {pid} ({comm})" if worker else f"pid {pid} ({comm}) of the same unit"
+    how = "was OOM-killed" if oom else f"was killed by {sig or 'a signal'}"
+    return f"exited {code}, {fmt_duration(gap_ns)} after {who} {how}"
+
+
+def related_death_summary(line: str, summary: str) -> str:
+    # (the line already says how it died: "... was OOM-killed: OOM-killed: ..." says it twice)
+    return f"{line}: {summary.removeprefix('OOM-killed: ')}"
+
+
 def raised_by_itself(name: str) -> str:
     return f"{name} raised by the process itself"
 
