@@ -256,4 +256,10 @@ struct wr_gpu_config {
 	__u32 _pad;
 };
 
+/* ---------------------------------------------------------------------------------------- */
+/* Signals to watched processes that cost no record (handled, ignored, or beyond the per-second
+ * cap; whyrestart.bpf.c says which are sent): per-CPU counts in map signals_unsent, one slot
+ * per signal number 1..64 (slot 0: a number out of range). */
+#define WR_SIG_SLOTS 65
+
 #endif /* WHYRESTART_EVENTS_H */
