@@ -425,6 +425,8 @@ int exit_tp_dedup(void *ctx)
  * send SIGPROF at 100 Hz per busy thread, JDK safepoint polls fault with SIGSEGV on every
  * running thread, Boehm GC stops the world with SIGPWR/SIGXCPU. A burst of them filled the
  * ring during the agent's idle wait and lost the OOM and exit records that came next.
+ * Signals whose default is not to end the process (SIGURG, SIGCHLD, SIGCONT, SIGWINCH, the
+ * stop signals) are counted too: what a watched process received is all accounted for.
  *
  * What is sent (tracer/analysis/rules.py reads a signal only when its number is the one the
  * process died of, or as a stop's SIGTERM before its SIGKILL):
@@ -535,7 +537,7 @@ static __always_inline int handle_signal(int sig, int si_code, struct task_struc
 	struct wr_signal *e;
 	__u32 tgid;
 
-	if (sig <= 0 || sig >= 64 || !((FATAL_SIGNALS >> sig) & 1))
+	if (sig <= 0 || sig >= 64)
 		return 0;
 	/* the classic tracepoint names the target by thread id only: the sender's own thread
 	 * (a fault, abort()) is a task we have */
@@ -551,7 +553,8 @@ static __always_inline int handle_signal(int sig, int si_code, struct task_struc
 		    (!cfg.filter_all && !bpf_map_lookup_elem(&watched_pids, &tgid)))
 			return 0;
 	}
-	if (!signal_matters(sig, si_code, result, target, tgid, cur)) {
+	if (!((FATAL_SIGNALS >> sig) & 1) ||
+	    !signal_matters(sig, si_code, result, target, tgid, cur)) {
 		count_unsent(sig);
 		return 0;
 	}
