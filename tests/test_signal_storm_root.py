@@ -20,6 +20,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.mt import build as mt_build
+from tests.recording import record
 from tests.test_agent_root import AgentProc, agent_state, history, until  # noqa: F401
 from tests.workloads import HOG, in_cgroup
 from tracer.events import Signal
@@ -194,3 +195,49 @@ def test_a_handled_signal_storm_costs_no_record_and_loses_no_oom_kill(
     unrecorded = _samples(text, "whyrestart_signals_unrecorded_total")
     assert unrecorded.get((("signal", "SIGUSR1"),), 0) >= usr1, unrecorded
     assert unrecorded.get((("signal", "SIGPIPE"),), 0) >= pipe, unrecorded
+
+
+# Faults FAULTS times under its own SIGSEGV handler (siglongjmp back out of each), as a JVM's
+# safepoint polls do, then puts SIG_DFL back and raises SIGSEGV itself (as Python's
+# faulthandler and crash reporters end): the last word is a raise(), not a fault.
+FAULTER = r"""
+#include <setjmp.h>
+#include <signal.h>
+#include <stdlib.h>
+static sigjmp_buf back;
+static void on_segv(int s) { (void)s; siglongjmp(back, 1); }
+int main(int argc, char **argv) {
+	long n = atol(argv[1]);
+	struct sigaction sa = {0};
+	sa.sa_handler = on_segv;
+	sa.sa_flags = SA_NODEFER;
+	sigaction(SIGSEGV, &sa, NULL);
+	for (volatile long i = 0; i < n; i++)
+		if (!sigsetjmp(back, 1))
+			*(volatile int *)0 = 1;
+	signal(SIGSEGV, SIG_DFL);
+	raise(SIGSEGV);
+	return 0;
+}
+"""
+
+
+def test_a_loop_of_handled_faults_is_capped_and_the_crash_still_reads_as_a_fault(
+    tmp_path: Path,
+) -> None:
+    faults = 20_000
+    exe = _build(tmp_path, "wr-sig-faulter", FAULTER)
+    res = record(tmp_path, [exe, str(faults)])
+    trace = read_trace(str(res.path))
+    segv = [e for e in trace.events if isinstance(e, Signal) and e.sig == signal.SIGSEGV]
+    faulted = [e for e in segv if e.si_code > 0]
+    # the first handled faults of each second are kept (at most 8 a second), the rest counted
+    assert 1 <= len(faulted) <= 8 * 10, len(faulted)
+    assert trace.footer is not None
+    counted = trace.footer.extra["signals_unsent"].get("SIGSEGV", 0)
+    assert counted + len(faulted) == faults, (counted, len(faulted))
+    assert res.lost == 0
+    # the re-raise, with SIG_DFL, is sent; the verdict is a crash by a fault, not a kill
+    assert any(e.si_code <= 0 for e in segv)
+    [v] = res.verdicts
+    assert v.cause == "app_exit" and "crashed with SIGSEGV" in v.summary, v
