@@ -72,6 +72,7 @@ KILL_WAIT_S = 30.0  # a kill not in both by then is reported missing
 OOM_METRIC = "whyrestart_oom_kills"
 LOST_METRIC = "whyrestart_events_lost_total"
 UNRECORDED_METRIC = "whyrestart_signals_unrecorded_total"
+GO_MAXPROCS = 8  # the busy Go program's Ps, as on an 8-core node
 NOISY_TARGET_CPU_PCT = 0.5  # issue 31: the agent beside Go and a profiler, % of a core
 
 
@@ -387,7 +388,10 @@ def _noisy(opts: Options, tmp: Path, agent: Agent) -> Result:
         t0, c0 = time.monotonic(), proc_cpu_s(agent.proc.pid)
         with open(go_out, "wb") as fg, open(prof_out, "wb") as fp:
             go = spawn(
-                opts.pinned([str(GOBUSY), f"{secs:g}", str(opts.agent_goroutines)]), stdout=fg
+                opts.pinned([str(GOBUSY), f"{secs:g}", str(opts.agent_goroutines)]),
+                stdout=fg,
+                # (pinned to one CPU, Go would run one P: a service on an 8-core node runs 8)
+                env={**os.environ, "GOMAXPROCS": str(GO_MAXPROCS)},
             )
             prof = spawn(opts.pinned([str(SIGPROF), f"{secs:g}", "100"]), stdout=fp)
             ooms: list[tuple[int, int | None]] = []
@@ -612,19 +616,20 @@ def _yes(ok: bool) -> str:
     return "yes" if ok else "NO"
 
 
-def _noisy_table(opts: Options, nz: Result) -> list[str]:
+def _noisy_table(opts: Options, nz: Result, idle: float | None) -> list[str]:
     out = [
         "",
         f"## Agent beside a busy Go program ({opts.agent_goroutines} goroutines) and a 100 Hz "
         f"SIGPROF profiler ({opts.agent_noisy:g} s, {opts.agent_noisy_failures} failures paced)",
         "",
         "| SIGURG counted | SIGPROF counted | their signal records | lost | OOM kills judged "
-        "| fatal deaths seen | agent CPU % of a core | <= 0.5%, none lost, all judged? |",
-        "|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| fatal deaths seen | agent CPU % of a core | at idle, same run "
+        "| <= 0.5%, none lost, all judged? |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     if "fatal_seen" not in nz:
         why = nz.get("skipped") or nz.get("error") or "not run"
-        return [*out, f"| {why} |" + " |" * 7]
+        return [*out, f"| {why} |" + " |" * 8]
     counted = nz["counted"]
     cpu = nz.get("agent_cpu_pct")
     ok = (
@@ -637,7 +642,7 @@ def _noisy_table(opts: Options, nz: Result) -> list[str]:
     out.append(
         f"| {counted.get('SIGURG', 0):,} | {counted.get('SIGPROF', 0):,} "
         f"| {nz['noise_records']:,} | {nz['lost']:,} | {nz['oom_judged']}/{len(nz['oom_pids'])} "
-        f"| {nz['fatal_seen']}/{len(nz['fatal_pids'])} | {_f(cpu)} | {_yes(ok)} |"
+        f"| {nz['fatal_seen']}/{len(nz['fatal_pids'])} | {_f(cpu)} | {_f(idle)} | {_yes(ok)} |"
     )
     return out
 
@@ -725,7 +730,7 @@ def _report(opts: Options, bare: Result, snoop: Result, agent: Result, load: Res
             f"| {_f(p['p99'], '.3f')} | {_f(p['max'], '.3f')} "
             f"| {_yes(p['p99'] is not None and p['p99'] <= 1.0 and not lat['missing'])} |"
         )
-    out += _noisy_table(opts, agent.get("noisy", {}))
+    out += _noisy_table(opts, agent.get("noisy", {}), agent.get("idle_cpu_pct"))
     so = agent.get("soak", {})
     out += [
         "",
@@ -789,7 +794,8 @@ def _report(opts: Options, bare: Result, snoop: Result, agent: Result, load: Res
             "reached the journal is left out of the /metrics column: the counter is a sum over "
             "the host). **beside Go and a profiler**: build/bench/wr-gobusy (bench/go, "
             "Debian's golang; {agent_goroutines} goroutines spinning without a call in the "
-            "inner loop, so the runtime preempts them with SIGURG) and build/bench/wr-sigprof "
+            "inner loop, GOMAXPROCS={go_maxprocs}, so the runtime preempts them with SIGURG) "
+            "and build/bench/wr-sigprof "
             "(setitimer(ITIMER_PROF) at 100 Hz, a counting handler, spinning) on the storm CPU "
             "for {agent_noisy:g} s, with {agent_noisy_failures} failures paced evenly over it, "
             "alternately an OOM kill (wr-fail oom in a cgroup limited to "
@@ -810,5 +816,6 @@ def _report(opts: Options, bare: Result, snoop: Result, agent: Result, load: Res
         poll=POLL_S * 1000,
         crowd_settle=CROWD_SETTLE_S,
         storm_pace=_pace(opts.agent_storm_rate),
+        go_maxprocs=GO_MAXPROCS,
     )
     return "\n".join(out) + "\n"
