@@ -468,6 +468,7 @@ struct {
 } handled_seen SEC(".maps");
 
 #define HANDLED_PER_SECOND 8
+#define WR_PF_EXITING 0x00000004 /* include/linux/sched.h, the same bit since 2.6 */
 #define WR_SIG_IGN 1 /* include/uapi/asm-generic/signal-defs.h: SIG_DFL 0, SIG_IGN 1 */
 #define WR_TRACE_SIGNAL_IGNORED 1
 #define STOP_SIGNALS ((1ULL << 1) | (1ULL << 2) | (1ULL << 3) | (1ULL << 15))
@@ -563,12 +564,14 @@ static __always_inline int handle_signal(int sig, int si_code, struct task_struc
 	if (!e)
 		return 0;
 	fill_hdr(&e->h, WR_EV_SIGNAL, sizeof(*e), rung, cur);
+	/* the sending process's name, not its thread's ("tokio-runtime-w", "Executor #1 for") */
+	BPF_CORE_READ_STR_INTO(&e->h.comm, cur, group_leader, comm);
 	e->target_pid = tgid;
 	e->sig = sig;
 	e->si_code = si_code;
 	e->result = result;
 	e->group = group;
-	e->_pad = 0;
+	e->flags = BPF_CORE_READ(cur, flags) & WR_PF_EXITING ? WR_SIGF_SENDER_EXITING : 0;
 	if (target)
 		BPF_CORE_READ_STR_INTO(&e->target_comm, target, group_leader, comm);
 	else
