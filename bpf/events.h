@@ -66,7 +66,7 @@ struct wr_signal {
 	__s32 si_code;
 	__s32 result;     /* TRACE_SIGNAL_* */
 	__u32 group;
-	__u32 _pad;
+	__u32 flags;      /* WR_SIGF_* (was padding: the layout is unchanged) */
 	char target_comm[WR_COMM_LEN];
 };
 
@@ -255,5 +255,17 @@ struct wr_gpu_config {
 	__u32 holder;     /* this recorder's id in wr_gpu_peers (random: unique per object) */
 	__u32 _pad;
 };
+
+/* ---------------------------------------------------------------------------------------- */
+/* Signals to watched processes that cost no record (handled, ignored, or beyond the per-second
+ * cap; whyrestart.bpf.c says which are sent): per-CPU counts in map signals_unsent, one slot
+ * per signal number 1..64 (slot 0: a number out of range). */
+#define WR_SIG_SLOTS 65
+
+/* wr_signal.flags. SENDER_EXITING: the sender was past do_exit() (PF_EXITING): no program sends
+ * a signal then, the kernel's exit path does, i.e. forget_original_parent()'s PR_SET_PDEATHSIG
+ * signal to a child of the exiting thread (kernel/exit.c; it fires when the *thread* that forked
+ * the child exits, though the process lives on). */
+#define WR_SIGF_SENDER_EXITING 1
 
 #endif /* WHYRESTART_EVENTS_H */

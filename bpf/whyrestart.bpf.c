@@ -415,6 +415,121 @@ int exit_tp_dedup(void *ctx)
  * mark_victim (__oom_kill_process() sends it, then marks the victim): user space links it to
  * the OOM kill instead of counting a second cause. */
 
+/*
+ * Only a signal that can end its target, or explain its end, costs a record; the rest are
+ * counted here by number (signals_unsent) and user space shows the counts (the footer's
+ * signals_unsent, the agent's whyrestart_signals_unrecorded_total). Routine signals are
+ * handled or ignored by the thousand a second, each a record before: CPython ignores SIGPIPE
+ * (every EPIPE write is an IGNORED generation), Go catches SIGPIPE and its runtime preempts
+ * goroutines with SIGURG (not in FATAL_SIGNALS: default-ignored, so never a record), profilers
+ * send SIGPROF at 100 Hz per busy thread, JDK safepoint polls fault with SIGSEGV on every
+ * running thread, Boehm GC stops the world with SIGPWR/SIGXCPU. A burst of them filled the
+ * ring during the agent's idle wait and lost the OOM and exit records that came next.
+ * Signals whose default is not to end the process (SIGURG, SIGCHLD, SIGCONT, SIGWINCH, the
+ * stop signals) are counted too: what a watched process received is all accounted for.
+ *
+ * What is sent (tracer/analysis/rules.py reads a signal only when its number is the one the
+ * process died of, or as a stop's SIGTERM before its SIGKILL):
+ * - SIGKILL, always (it can be neither handled nor ignored; the OOM killer's and a
+ *   redundant one after the first alike: senders.fatal_signal picks the delivered one);
+ * - a signal the kernel did not drop (result != TRACE_SIGNAL_IGNORED: SIG_IGN, or a target
+ *   already exiting, prepare_signal()) whose action in the target is SIG_DFL: the kernel
+ *   ends the process with it (complete_signal());
+ * - a handled SIGHUP/SIGINT/SIGQUIT/SIGTERM sent by another process: the stop a graceful
+ *   exit answers (systemd, kubelet, runc kill), and the one a Go program (whose runtime
+ *   handles them all) re-raises with SIG_DFL to die of; the re-raise names the process
+ *   itself, so only this record names who stopped it;
+ * - a handled fault the kernel raised (si_code > 0: SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP,
+ *   SIGSYS at the faulting task): Python's faulthandler and crash reporters re-raise it with
+ *   raise() (SI_TKILL), and only this record says the death was a fault.
+ * The last two are capped at HANDLED_PER_SECOND per (process, signal) a second
+ * (handled_seen): a loop of them (a JVM's safepoint SIGSEGVs, a hostile sender) costs a few
+ * records a second, never the ring.
+ * On the classic tracepoint (kernels without tp_btf, < 5.5) the target's task is only known
+ * when the sender is the target itself, so elsewhere only the IGNORED filter applies there.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, WR_SIG_SLOTS);
+	__type(key, __u32);
+	__type(value, __u64);
+} signals_unsent SEC(".maps");
+
+struct handled_window {
+	__u64 start_ns;
+	__u64 n;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u64); /* tgid << 8 | sig */
+	__type(value, struct handled_window);
+} handled_seen SEC(".maps");
+
+#define HANDLED_PER_SECOND 8
+#define WR_PF_EXITING 0x00000004 /* include/linux/sched.h, the same bit since 2.6 */
+#define WR_SIG_IGN 1 /* include/uapi/asm-generic/signal-defs.h: SIG_DFL 0, SIG_IGN 1 */
+#define WR_TRACE_SIGNAL_IGNORED 1
+#define STOP_SIGNALS ((1ULL << 1) | (1ULL << 2) | (1ULL << 3) | (1ULL << 15))
+/* ILL TRAP BUS FPE SEGV SYS */
+#define FAULT_SIGNALS ((1ULL << 4) | (1ULL << 5) | (1ULL << 7) | (1ULL << 8) | (1ULL << 11) | \
+		       (1ULL << 31))
+
+static __always_inline void count_unsent(int sig)
+{
+	__u32 slot = (__u32)sig < WR_SIG_SLOTS ? (__u32)sig : 0;
+	__u64 *n = bpf_map_lookup_elem(&signals_unsent, &slot);
+
+	if (n)
+		*n += 1; /* (per CPU: no other writer) */
+}
+
+/* At most HANDLED_PER_SECOND of one signal to one process a second (a fixed window; two CPUs
+ * racing may let one or two more through, never a storm). */
+static __always_inline bool handled_allowed(__u32 tgid, int sig)
+{
+	__u64 key = ((__u64)tgid << 8) | (__u32)sig;
+	__u64 now = bpf_ktime_get_boot_ns();
+	struct handled_window *w = bpf_map_lookup_elem(&handled_seen, &key);
+
+	if (!w || now - w->start_ns >= 1000000000ULL) {
+		struct handled_window fresh = {.start_ns = now, .n = 1};
+
+		bpf_map_update_elem(&handled_seen, &key, &fresh, BPF_ANY);
+		return true;
+	}
+	return __sync_fetch_and_add(&w->n, 1) < HANDLED_PER_SECOND;
+}
+
+/* Whether a generated signal to a watched process is worth a record (see above). */
+static __always_inline bool signal_matters(int sig, int si_code, int result,
+					   struct task_struct *target, __u32 tgid,
+					   struct task_struct *cur)
+{
+	struct sighand_struct *sh;
+	unsigned long handler = 0;
+
+	if (sig == 9)
+		return true;
+	if (result == WR_TRACE_SIGNAL_IGNORED)
+		return false;
+	if (!target)
+		return true; /* (classic tracepoint, another task: its disposition is unknown) */
+	sh = BPF_CORE_READ(target, sighand);
+	if (!sh || bpf_core_read(&handler, sizeof(handler), &sh->action[(sig - 1) & 63].sa.sa_handler))
+		return true; /* (unreadable: send, as before) */
+	if (handler == 0)
+		return true; /* SIG_DFL */
+	if (handler == WR_SIG_IGN)
+		return false;
+	if ((STOP_SIGNALS >> sig) & 1)
+		return BPF_CORE_READ(cur, tgid) != tgid && handled_allowed(tgid, sig);
+	if (((FAULT_SIGNALS >> sig) & 1) && si_code > 0)
+		return handled_allowed(tgid, sig);
+	return false;
+}
+
 static __always_inline int handle_signal(int sig, int si_code, struct task_struct *target,
 					 __u32 target_pid, const char *target_comm, int group,
 					 int result, __u16 rung)
@@ -423,7 +538,7 @@ static __always_inline int handle_signal(int sig, int si_code, struct task_struc
 	struct wr_signal *e;
 	__u32 tgid;
 
-	if (sig <= 0 || sig >= 64 || !((FATAL_SIGNALS >> sig) & 1))
+	if (sig <= 0 || sig >= 64)
 		return 0;
 	/* the classic tracepoint names the target by thread id only: the sender's own thread
 	 * (a fault, abort()) is a task we have */
@@ -439,17 +554,24 @@ static __always_inline int handle_signal(int sig, int si_code, struct task_struc
 		    (!cfg.filter_all && !bpf_map_lookup_elem(&watched_pids, &tgid)))
 			return 0;
 	}
+	if (!((FATAL_SIGNALS >> sig) & 1) ||
+	    !signal_matters(sig, si_code, result, target, tgid, cur)) {
+		count_unsent(sig);
+		return 0;
+	}
 
 	e = reserve(sizeof(*e));
 	if (!e)
 		return 0;
 	fill_hdr(&e->h, WR_EV_SIGNAL, sizeof(*e), rung, cur);
+	/* the sending process's name, not its thread's ("tokio-runtime-w", "Executor #1 for") */
+	BPF_CORE_READ_STR_INTO(&e->h.comm, cur, group_leader, comm);
 	e->target_pid = tgid;
 	e->sig = sig;
 	e->si_code = si_code;
 	e->result = result;
 	e->group = group;
-	e->_pad = 0;
+	e->flags = BPF_CORE_READ(cur, flags) & WR_PF_EXITING ? WR_SIGF_SENDER_EXITING : 0;
 	if (target)
 		BPF_CORE_READ_STR_INTO(&e->target_comm, target, group_leader, comm);
 	else

@@ -128,6 +128,9 @@ class Signal(Event, frozen=True, tag="signal"):
     # the sender's executable, read by user space (/proc/PID/exe) when the signal was recorded:
     # its name (comm) is its own choice, its executable is not; "" when unknown (gone by then)
     sender_exe: str = ""
+    # the sender was exiting (PF_EXITING): the kernel sent it on its way out, i.e. the
+    # PR_SET_PDEATHSIG signal of a child whose parent thread exited
+    sender_exiting: bool = False
 
 
 class OomKill(Event, frozen=True, tag="oom"):

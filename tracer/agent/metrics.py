@@ -96,6 +96,14 @@ class Metrics:
         # for again (``labels()`` validates and locks: a third of the cost of a verdict's count)
         self._children: dict[tuple[str, ...], dict[tuple[Counter, tuple[str, ...]], Any]] = {}
         self._lost_seen = 0
+        self.signals_unrecorded = Counter(
+            "whyrestart_signals_unrecorded",
+            "Signals to watched processes counted in the kernel, not recorded: handled or "
+            "ignored, they could neither end a process nor explain its end",
+            ["signal"],
+            registry=reg,
+        )
+        self._unrecorded_seen: dict[str, int] = {}
 
     # -- updates ------------------------------------------------------------------------------
 
@@ -140,6 +148,14 @@ class Metrics:
         self.disk.set(disk)
         self.incidents.set(incidents)
         self.cgroups.set(cgroups)
+
+    def signals_unsent(self, totals: dict[str, int]) -> None:
+        """The kernel's running totals by signal name (at most 64 series: no expiry)."""
+        for name, total in totals.items():
+            seen = self._unrecorded_seen.get(name, 0)
+            if total > seen:
+                self.signals_unrecorded.labels(name).inc(total - seen)
+                self._unrecorded_seen[name] = total
 
     # -- cardinality ------------------------------------------------------------------------
 

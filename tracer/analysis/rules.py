@@ -53,6 +53,7 @@ from tracer.analysis.findings import (
 )
 from tracer.events import (
     SI_KERNEL,
+    SI_USER,
     CgroupSample,
     Exit,
     KmsgOom,
@@ -93,6 +94,15 @@ RELATED_DEATHS_KEPT = 8  # deaths remembered per unit (the first of a cascade is
 _SELF_INFLICTED = frozenset(
     {_signal.SIGABRT, _signal.SIGSEGV, _signal.SIGBUS, _signal.SIGFPE, _signal.SIGILL}
 )
+# Signals the kernel raises for a process's own set-up, from whatever task was running (an
+# interrupt's or a kworker's current task is no sender): the terminal driver's (n_tty isig(),
+# a hang-up: kill_pgrp(..., 1), SEND_SIG_PRIV), the interval timers' (it_real_fn(),
+# check_cpu_itimer(): SEND_SIG_PRIV), the CPU time limit's (check_rlimit(): SEND_SIG_PRIV);
+# si_code of POSIX timers, message queues, AIO and SIGIO (uapi asm-generic/siginfo.h).
+_TTY_SIGNALS = frozenset({_signal.SIGINT, _signal.SIGQUIT, _signal.SIGHUP})
+_ITIMER_SIGNALS = frozenset({_signal.SIGALRM, _signal.SIGVTALRM, _signal.SIGPROF})
+SI_TIMER, SI_MESGQ, SI_ASYNCIO, SI_SIGIO = -2, -3, -4, -5
+POLL_CODES = range(1, 7)  # POLL_IN .. POLL_HUP: SIGIO from send_sigio()
 
 
 @dataclass(frozen=True, slots=True)
@@ -696,6 +706,9 @@ def signal_exit(v: ExitView, had_oom: bool) -> Finding:
         )
     if _kernel_kill(last):
         return kernel_kill(v, last, disagree)
+    origin = kernel_origin(v, last, core, disagree)
+    if origin is not None:
+        return origin
     exe = last.sender_exe or (v.exe_of(last.sender_pid) if v.exe_of is not None else "")
     who = senders.classify(
         last.sender_comm,
@@ -761,6 +774,69 @@ def signal_exit(v: ExitView, had_oom: bool) -> Finding:
         sender_comm=last.sender_comm,
         sender_role=who.role,
         sender_exe=sender_exe,
+    )
+
+
+def own_source(last: Signal) -> str | None:
+    """Which of the process's own set-ups raised ``last`` (wording.OWN_SIGNAL_SOURCES), if
+    one did."""
+    code, sig = last.si_code, last.sig
+    if code in (SI_TIMER, SI_MESGQ, SI_ASYNCIO):
+        return "timer" if code == SI_TIMER else "sigio"
+    if code == SI_SIGIO or (sig == _signal.SIGIO and code in POLL_CODES):
+        return "sigio"
+    if code == SI_KERNEL and sig in _ITIMER_SIGNALS:
+        return "itimer"
+    if code == SI_KERNEL and sig == _signal.SIGXCPU:
+        return "rlimit_cpu"
+    return None
+
+
+def kernel_origin(
+    v: ExitView, last: Signal, core: str, disagree: tuple[str, ...]
+) -> Finding | None:
+    """A fatal signal the kernel sent for the process's own set-up, whichever task's context
+    it ran in: its parent-death signal (sent by the parent's exiting thread), its terminal, its
+    own timers, asynchronous I/O or CPU time limit. None: a sender to classify."""
+    name = signal_name(last.sig)
+    if last.sender_exiting and last.si_code == SI_USER and last.sender_pid != v.ex.pid:
+        # forget_original_parent() sends pdeath_signal from the exiting thread, as SI_USER
+        summary, advice = say.pdeath_text(name, core, last.sender_pid, last.sender_comm)
+        line = say.pdeath_line(name, last.sender_pid, last.sender_comm)
+        return Finding(
+            SIGNAL_KILL,
+            HIGH,
+            summary,
+            advice,
+            ((last.ts, line), v.exit_ev),
+            disagreements=disagree,
+            sender_pid=last.sender_pid,
+            sender_comm=last.sender_comm,
+            sender_role=senders.ROLE_KERNEL,
+        )
+    if last.si_code == SI_KERNEL and last.sig in _TTY_SIGNALS:
+        summary, advice = say.tty_text(name, core)
+        return Finding(
+            SIGNAL_KILL,
+            HIGH,
+            summary,
+            advice,
+            ((last.ts, say.tty_line(name)), v.exit_ev),
+            disagreements=disagree,
+            sender_role=senders.ROLE_KERNEL,
+        )
+    source = own_source(last)
+    if source is None:
+        return None
+    summary, advice = say.own_source_text(source, name, core)
+    return Finding(
+        APP_EXIT,
+        HIGH,
+        summary,
+        advice,
+        ((last.ts, say.own_source_line(source, name)), v.exit_ev),
+        disagreements=disagree,
+        sender_role=senders.ROLE_SELF,
     )
 
 

@@ -207,6 +207,68 @@ def no_sender_text(name: str, core: str) -> tuple[str, str]:
 NO_SIGNAL_EVENT = "no signal event for this exit"
 
 
+def pdeath_text(name: str, core: str, pid: int, comm: str) -> tuple[str, str]:
+    return (
+        f"killed by {name}{core}: the parent-death signal it asked for (PR_SET_PDEATHSIG), sent "
+        f"by the kernel as the thread of {comm} (pid {pid}) that started it exited",
+        "the parent-death signal fires when the thread that forked the child exits, even "
+        "though the parent process lives on: fork from a thread that lives as long as the "
+        "parent (Go: runtime.LockOSThread around the start), or do not ask for it",
+    )
+
+
+def pdeath_line(name: str, pid: int, comm: str) -> str:
+    return f"{name} from the kernel as a thread of {comm} (pid {pid}) exited (PR_SET_PDEATHSIG)"
+
+
+def tty_text(name: str, core: str) -> tuple[str, str]:
+    if name == "SIGHUP":
+        return (
+            f"killed by SIGHUP{core} from its terminal: the terminal or the ssh session it ran "
+            "in hung up",
+            "run it detached from the terminal (a service, setsid, nohup, tmux) if it must "
+            "outlive the session",
+        )
+    key = "Ctrl-\\" if name == "SIGQUIT" else "Ctrl-C"
+    return (
+        f"interrupted with {name}{core} from its terminal ({key} typed there, sent by the tty "
+        "driver)",
+        f"someone pressed {key} at the terminal it runs on; run it detached from the terminal "
+        "(a service, setsid, nohup) if that was not meant",
+    )
+
+
+def tty_line(name: str) -> str:
+    return f"{name} from the terminal driver (a key typed at its terminal, or a hang-up)"
+
+
+OWN_SIGNAL_SOURCES = {
+    "timer": "its own POSIX timer (timer_create with SIGEV_SIGNAL)",
+    "itimer": "its own interval timer (alarm() or setitimer())",
+    "sigio": "its own asynchronous I/O notification (O_ASYNC / F_SETSIG)",
+    "rlimit_cpu": "its CPU time limit (RLIMIT_CPU, ulimit -t)",
+}
+
+
+def own_source_text(source: str, name: str, core: str) -> tuple[str, str]:
+    what = OWN_SIGNAL_SOURCES[source]
+    if source == "rlimit_cpu":
+        return (
+            f"killed by {name}{core}: it used up {what}",
+            "raise the CPU time limit where it is set (ulimit -t, LimitCPU=, "
+            "setrlimit), or find what made it spin",
+        )
+    return (
+        f"killed by {name}{core} from {what}: the kernel raised it, no process sent it",
+        f"the program armed {name} without handling it: handle, block or ignore the signal "
+        "before arming it",
+    )
+
+
+def own_source_line(source: str, name: str) -> str:
+    return f"{name} from {OWN_SIGNAL_SOURCES[source]}"
+
+
 def sent_by_kernel(name: str, pid: int, comm: str) -> str:
     return f"{name} sent by the kernel (in the context of pid {pid}, {comm})"
 

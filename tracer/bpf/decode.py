@@ -103,7 +103,7 @@ class Decoder:
 
     @staticmethod
     def _signal(raw: bytes) -> Event:
-        (_, _, _, _, ts, pid, tgid, cg, comm, target, sig, code, result, group, _p, tcomm) = (
+        (_, _, _, _, ts, pid, tgid, cg, comm, target, sig, code, result, group, flags, tcomm) = (
             _SIGNAL.unpack_from(raw)
         )
         return Signal(
@@ -118,6 +118,7 @@ class Decoder:
             si_code=code,
             result=result,
             group=bool(group),
+            sender_exiting=bool(flags & layout.SIGF_SENDER_EXITING),
         )
 
     def _oom(self, raw: bytes) -> Event:

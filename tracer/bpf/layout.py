@@ -16,6 +16,8 @@ FILENAME_LEN = 128
 
 EV_EXIT, EV_SIGNAL, EV_OOM, EV_FORK, EV_EXEC, EV_STALL, EV_CGROUP_MKDIR = 1, 2, 3, 4, 5, 6, 7
 CGROUP_PATH_LEN = 256
+SIGF_SENDER_EXITING = 1  # WR_SIGF_SENDER_EXITING: wr_signal.flags
+SIG_SLOTS = 65  # WR_SIG_SLOTS: signals_unsent's slots (signal numbers 1..64; 0: out of range)
 
 STALL_KINDS = {1: "memcg", 2: "direct", 3: "high"}
 
@@ -50,7 +52,7 @@ class WrSignal(ctypes.Structure):
         ("si_code", s32),
         ("result", s32),
         ("group", u32),
-        ("_pad", u32),
+        ("flags", u32),
         ("target_comm", ctypes.c_char * COMM_LEN),
     ]
 
