@@ -87,7 +87,9 @@ class Follower:
         # cgroup id -> (label, runtime, container id): containers named, not yet polled
         self.unpolled: dict[int, tuple[str, Runtime, str]] = {}
         self.poller = RestartCountPoller(interval_s=1.0)
-        self._polled: set[str] = set()
+        # label -> the container polled for it (a Kubernetes restart is a new container under
+        # the same label: the newest one is polled, its count the kubelet's attempt)
+        self._polled: dict[str, str] = {}
         self.probers: list[Prober] = []
         self._probe_specs: list[ProbeSpec] = []
         for name in containers:
@@ -159,7 +161,7 @@ class Follower:
     def start(self) -> None:
         for f in self.followed:
             self.poller.watch(f.label, f.runtime, f.info.id)
-            self._polled.add(f.label)
+            self._polled[f.label] = f.info.id
         self.poller.start()
         for p in self.probers:
             p.start()
@@ -239,13 +241,13 @@ class Follower:
                 main_pid=main,
             )
             label = unit_names.from_info(kind, unit.key, name, pod).label
-            if found is not None and label not in self._polled:
+            if found is not None and self._polled.get(label) != found.id:
                 rt = self._answered_by.get(found.id)
                 if rt is not None and created:
                     self.unpolled[cgroup_id] = (label, rt, found.id)
                 elif rt is not None:
                     self.poller.watch(label, rt, found.id)
-                    self._polled.add(label)
+                    self._polled[label] = found.id
         elif unit is not None and unit.kind == "systemd":
             info = UnitInfo(
                 ts=ts, cgroup_id=cgroup_id, kind="systemd", unit_id=unit.key, name=unit.key, pod=""
@@ -262,9 +264,9 @@ class Follower:
     def running_in(self, cgroup_id: int) -> None:
         """A process event in a cgroup ``name`` saw only being created: poll its restarts."""
         label, rt, container_id = self.unpolled.pop(cgroup_id)
-        if label not in self._polled:
+        if self._polled.get(label) != container_id:
             self.poller.watch(label, rt, container_id)
-            self._polled.add(label)
+            self._polled[label] = container_id
 
     def _fresh(self, found: ContainerInfo) -> bool:
         key = ("main", found.id)

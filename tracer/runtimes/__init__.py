@@ -1,8 +1,8 @@
-"""Supervisors that name containers and count restarts: podman, Docker, systemd.
+"""Supervisors that name containers and count restarts: podman, Docker, CRI, systemd.
 
 This package owns asking supervisors about what they run. ``base`` has the interface
-(``Runtime``, ``ContainerInfo``); ``podman``, ``docker`` and ``systemd`` are the clients. This
-module adds:
+(``Runtime``, ``ContainerInfo``); ``podman``, ``docker``, ``cri`` and ``systemd`` are the
+clients. This module adds:
 
 * ``detect()``: the runtimes that can be asked on this host now (``probe()``: and why each
   of the others cannot);
@@ -29,6 +29,7 @@ from typing import NamedTuple, TypeVar
 
 from tracer.clock import boottime_ns
 from tracer.runtimes.base import ContainerInfo, Runtime
+from tracer.runtimes.cri import CriRuntime, cri_endpoints
 from tracer.runtimes.docker import DockerRuntime, docker_hosts
 from tracer.runtimes.podman import PodmanRuntime
 from tracer.runtimes.systemd import SystemdRuntime
@@ -76,6 +77,9 @@ def probe(
     hosts = [f"unix://{docker_socket}"] if docker_socket else docker_hosts()
     candidates: list[Runtime] = [
         PodmanRuntime(global_args=podman_args, env=podman_env),
+        # a Kubernetes node's runtime (CONTAINER_RUNTIME_ENDPOINT, else containerd's or CRI-O's
+        # socket): before Docker, whose own containerd (no CRI plugin) does not answer here
+        *(CriRuntime(s) for s in cri_endpoints()),
         *(DockerRuntime.for_host(h) for h in hosts),
         SystemdRuntime(),
     ]
