@@ -22,10 +22,11 @@ def record_while(
     duration: float = 120,
     **targets: object,
 ) -> RecordResult:
-    """Record --container while ``action`` drives it; stop once it is done (or after
-    ``duration`` seconds)."""
+    """Record --container while ``action`` drives it (no container: only ``targets``, a pod's
+    ``cgroups`` as --pod gives them); stop once it is done (or after ``duration`` seconds)."""
+    containers = [container] if container else []
     rec = Recorder(
-        str(tmp_path / "c.trace"), Targets(containers=[container], **targets), duration=duration
+        str(tmp_path / "c.trace"), Targets(containers=containers, **targets), duration=duration
     )  # type: ignore[arg-type]
     out: dict[str, RecordResult] = {}
     errors: list[BaseException] = []

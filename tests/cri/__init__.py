@@ -89,9 +89,10 @@ CONTAINER_NAME = "io.kubernetes.container.name"
 RESTART_COUNT = "io.kubernetes.container.restartCount"
 TERMINATION_GRACE = "io.kubernetes.pod.terminationGracePeriod"
 
-# CRI's NamespaceMode NODE: the host's network namespace (a hostNetwork pod), so that no CNI
-# plugin is needed: the tests' pods need no network of their own
-NODE = 2
+# CRI's NamespaceMode: NODE is the host's (the tests' pods are hostNetwork ones, so that no CNI
+# plugin is needed: they need no network of their own); CONTAINER a namespace per container,
+# what the kubelet asks for the pid namespace unless the pod sets shareProcessNamespace
+CONTAINER, NODE = 1, 2
 
 
 CGROUP_ROOT = "/sys/fs/cgroup"
@@ -159,7 +160,7 @@ class Kubelet:
             linux=pb.LinuxPodSandboxConfig(
                 cgroup_parent=self.cgroup_parent,
                 security_context=pb.LinuxSandboxSecurityContext(
-                    namespace_options=pb.NamespaceOption(network=NODE)
+                    namespace_options=pb.NamespaceOption(network=NODE, pid=CONTAINER)
                 ),
             ),
         )
@@ -228,7 +229,7 @@ class Kubelet:
                     memory_swap_limit_in_bytes=memory_limit,
                 ),
                 security_context=pb.LinuxContainerSecurityContext(
-                    namespace_options=pb.NamespaceOption(network=NODE)
+                    namespace_options=pb.NamespaceOption(network=NODE, pid=CONTAINER)
                 ),
             ),
         )

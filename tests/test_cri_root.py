@@ -1,0 +1,116 @@
+"""Tier 3 (root): a Kubernetes node's runtime for real: the session's private containerd
+(tests/containerd.py) driven over CRI as a kubelet drives it (tests/cri), recorded as
+``whyrestart record --pod NS/NAME`` records a pod: its cgroup (``/kubepods/burstable/pod<uid>``,
+made with the pod's limit as the kubelet's pod container manager makes it) and every container
+below it. The recorder finds the runtime as crictl does (``CONTAINER_RUNTIME_ENDPOINT``).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.containerd import ContainerdNode
+from tests.cri import Cri, Kubelet, pb
+from tests.recording import record_while, wait_for
+
+pytestmark = pytest.mark.root
+
+MiB = 1024 * 1024
+AWK_HOG = 'BEGIN { s = "xxxxxxxxxxxxxxxx"; while (1) s = s s }'
+# the kubelet waits before each restart (CrashLoopBackOff: 10 s, doubling); a short one here
+BACKOFF_S = 2.0
+
+
+@pytest.fixture
+def kubelet(
+    containerd_node: ContainerdNode, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> Iterator[Kubelet]:
+    """One pod (namespace wrcri, a name of this run) on the session's containerd: its cgroup
+    made, its sandbox running; removed after, cgroups included."""
+    monkeypatch.setenv("CONTAINER_RUNTIME_ENDPOINT", f"unix://{containerd_node.socket}")
+    cri = Cri(containerd_node.socket)
+    k = Kubelet(cri, "wrcri", f"crihog{time.time_ns() % 10**9}", log_dir=str(tmp_path / "pod"))
+    try:
+        yield k
+    finally:
+        try:
+            k.remove()
+        finally:
+            k.remove_pod_cgroup()
+            cri.close()
+
+
+def run_to_exit(k: Kubelet, image: str, command: list[str], limit: int) -> tuple[str, object]:
+    """A new attempt of container "hog": created, started, waited for until it has exited."""
+    cid = k.create("hog", image, command, memory_limit=limit)
+    k.start(cid)
+    wait_for(lambda: k.status(cid).state == pb.CONTAINER_EXITED, 60, f"attempt of {cid[:12]}")
+    return cid, k.status(cid)
+
+
+def test_a_container_oom_killed_by_its_limit_and_restarted_twice_by_attempts(
+    tmp_path: Path, kubelet: Kubelet, containerd_node: ContainerdNode
+) -> None:
+    """memory limit 32 MiB and a program that outgrows it; restarted as the kubelet restarts
+    (attempt 1, 2: new containers): three cgroup OOMs named ns/pod/container, two restarts
+    linked, and the kubelet's count (the attempt, 2) agreeing with them."""
+    k = kubelet
+    k.make_pod_cgroup()
+    k.run_sandbox()
+    statuses = []
+
+    def crash_loop() -> None:
+        for attempt in range(3):
+            if attempt:
+                time.sleep(BACKOFF_S)
+            statuses.append(run_to_exit(k, containerd_node.image, ["awk", AWK_HOG], 32 * MiB)[1])
+
+    res = record_while(tmp_path, "", crash_loop, cgroups=[k.cgroup_parent])
+    # containerd's own record of each attempt
+    assert [(s.metadata.attempt, s.exit_code, s.reason) for s in statuses] == [  # type: ignore[attr-defined]
+        (n, 137, "OOMKilled") for n in range(3)
+    ]
+    unit = f"pod wrcri/{k.name} container hog"
+    assert [(v.cause, v.unit, v.main, v.confidence) for v in res.verdicts] == [
+        ("cgroup_oom", unit, True, "high")
+    ] * 3
+    assert all(v.limit_bytes == 32 * MiB for v in res.verdicts)
+    assert all(
+        re.fullmatch(rf"{k.cgroup_parent}/[0-9a-f]{{64}}", v.limit_cgroup or "")
+        for v in res.verdicts
+    )
+    assert [(r.unit, r.cause) for r in res.restarts] == [(unit, "cgroup_oom")] * 2
+    assert res.restart_counts == [(unit, 2, 2, "containerd")]
+
+
+def test_a_stop_whose_grace_runs_out_is_a_signal_kill(
+    tmp_path: Path, kubelet: Kubelet, containerd_node: ContainerdNode
+) -> None:
+    """StopContainer with a 2 s timeout on a container that ignores SIGTERM (its shell sets
+    it ignored, and sleep inherits that): containerd sends SIGKILL once the grace is out;
+    whyrestart says signal_kill with the grace it saw."""
+    k = kubelet
+    k.make_pod_cgroup()
+    k.run_sandbox()
+    cid = k.create(
+        "hog", containerd_node.image, ["sh", "-c", "trap '' TERM; sleep 300"], memory_limit=32 * MiB
+    )
+    k.start(cid)
+
+    def stop() -> None:
+        k.stop(cid, timeout_s=2)
+
+    res = record_while(tmp_path, "", stop, cgroups=[k.cgroup_parent])
+    st = k.status(cid)
+    assert (st.state, st.exit_code, st.reason) == (pb.CONTAINER_EXITED, 137, "Error")
+    unit = f"pod wrcri/{k.name} container hog"
+    main = [v for v in res.verdicts if v.main]
+    assert [(v.cause, v.unit) for v in main] == [("signal_kill", unit)]
+    m = re.search(r"SIGTERM, then SIGKILL (\d+\.\d) s later", main[0].summary)
+    assert m is not None, main[0].summary
+    assert float(m.group(1)) >= 2.0
