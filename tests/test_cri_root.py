@@ -114,3 +114,64 @@ def test_a_stop_whose_grace_runs_out_is_a_signal_kill(
     m = re.search(r"SIGTERM, then SIGKILL (\d+\.\d) s later", main[0].summary)
     assert m is not None, main[0].summary
     assert float(m.group(1)) >= 2.0
+
+
+def test_a_pod_level_limit_hit_by_a_container_without_one_names_the_pods_cgroup(
+    tmp_path: Path, kubelet: Kubelet, containerd_node: ContainerdNode
+) -> None:
+    """The pod's cgroup limited to 32 MiB (the kubelet's pod-level limit), its container
+    unlimited: the OOM kill is the pod's cgroup's, an ancestor of the container's."""
+    k = kubelet
+    k.make_pod_cgroup(memory_limit=32 * MiB)
+    k.run_sandbox()
+    out: list[object] = []
+
+    def run() -> None:
+        out.append(run_to_exit(k, containerd_node.image, ["awk", AWK_HOG], 0)[1])
+
+    res = record_while(tmp_path, "", run, cgroups=[k.cgroup_parent])
+    st = out[0]
+    assert (st.exit_code, st.reason) == (137, "OOMKilled")  # type: ignore[attr-defined]
+    unit = f"pod wrcri/{k.name} container hog"
+    assert [
+        (v.cause, v.unit, v.main, v.limit_cgroup, v.limit_scope, v.limit_bytes)
+        for v in res.verdicts
+    ] == [("cgroup_oom", unit, True, k.cgroup_parent, "ancestor", 32 * MiB)]
+
+
+def test_a_child_oom_then_a_graceful_stop_is_a_stop_whatever_containerd_says(
+    tmp_path: Path, kubelet: Kubelet, containerd_node: ContainerdNode
+) -> None:
+    """A child (awk) OOM-killed in a container that keeps running; then StopContainer: its
+    shell handles SIGTERM and exits 143. containerd says "OOMKilled" for that exit (it reads
+    the cgroup's cumulative OOM counter, kubernetes#140718); whyrestart says the stop was a
+    stop (signal_kill, by the runtime, SIGTERM handled) and names the child's OOM kill, earlier,
+    as a verdict of the same unit."""
+    k = kubelet
+    k.make_pod_cgroup()
+    k.run_sandbox()
+    script = f"trap 'exit 143' TERM; awk '{AWK_HOG}'; sleep 300 & wait $!"
+    cid = k.create("hog", containerd_node.image, ["sh", "-c", script], memory_limit=32 * MiB)
+
+    def run() -> None:
+        k.start(cid)
+        wait_for(lambda: b"oom_kill 1" in _memory_oom_control(k.cgroup_parent, cid), 60, "awk")
+        k.stop(cid, timeout_s=10)
+
+    res = record_while(tmp_path, "", run, cgroups=[k.cgroup_parent])
+    st = k.status(cid)
+    assert (st.exit_code, st.reason) == (143, "OOMKilled")  # containerd's word: wrong
+    unit = f"pod wrcri/{k.name} container hog"
+    child = [v for v in res.verdicts if not v.main and v.cause == "cgroup_oom"]
+    assert [(v.unit, v.limit_bytes) for v in child] == [(unit, 32 * MiB)]
+    main = [v for v in res.verdicts if v.main]
+    assert [(v.cause, v.unit, v.exit_code) for v in main] == [("signal_kill", unit, 143)]
+    assert "SIGTERM, which it handled: it exited with code 143" in main[0].summary
+    assert child[0].ts < main[0].ts
+
+
+def _memory_oom_control(pod_cgroup: str, cid: str) -> bytes:
+    try:
+        return Path(f"/sys/fs/cgroup/memory{pod_cgroup}/{cid}/memory.oom_control").read_bytes()
+    except OSError:
+        return b""
