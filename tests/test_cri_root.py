@@ -13,10 +13,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from tests.containerd import ContainerdNode
 from tests.cri import Cri, Kubelet, pb
 from tests.recording import record_while, wait_for
+from tracer.cli import main
 
 pytestmark = pytest.mark.root
 
@@ -175,3 +177,54 @@ def _memory_oom_control(pod_cgroup: str, cid: str) -> bytes:
         return Path(f"/sys/fs/cgroup/memory{pod_cgroup}/{cid}/memory.oom_control").read_bytes()
     except OSError:
         return b""
+
+
+def test_pod_and_container_resolve_through_the_cri_socket(
+    tmp_path: Path,
+    kubelet: Kubelet,
+    containerd_node: ContainerdNode,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """--pod NS/NAME finds the pod's cgroup through CRI (the pod's logs are not under
+    /var/log/pods here: only the runtime knows it), and --container NS/POD/CONTAINER finds
+    the newest attempt's container; a pod the runtime lacks is an error naming where it looked."""
+    from tracer.runtimes import probe
+    from tracer.runtimes.kubernetes import resolve_pod
+    from tracer.sources.cgroupfs import CgroupLayout, CgroupResolver
+
+    k = kubelet
+    k.make_pod_cgroup()
+    k.run_sandbox()
+    first = k.create("hog", containerd_node.image, ["true"])
+    newest = k.create("hog", containerd_node.image, ["true"])
+    resolver = CgroupResolver(CgroupLayout.from_system())
+    assert resolve_pod(f"wrcri/{k.name}", resolver) == k.cgroup_parent
+    [cri] = [rt for rt in probe()[0] if rt.name == "containerd"]
+    for spec in (f"wrcri/{k.name}/hog", f"{k.name}/hog", newest[:12]):
+        info = cri.find(spec)
+        assert info is not None, (spec, cri.last_error)
+        assert (info.id, info.name, info.pod, info.namespace, info.restart_count) == (
+            newest,
+            "hog",
+            k.name,
+            "wrcri",
+            1,
+        )
+    assert cri.by_id(first) is not None and cri.by_id(first).restart_count == 0  # type: ignore[union-attr]
+    monkeypatch.delenv("CONTAINER_RUNTIME_ENDPOINT")  # the option alone, now
+    r = CliRunner().invoke(
+        main,
+        [
+            "record",
+            "-q",
+            "-o",
+            str(tmp_path / "x.trace"),
+            "--pod",
+            "wrcri/wr-no-such-pod",
+            "--runtime-endpoint",
+            f"unix://{containerd_node.socket}",
+        ],
+    )
+    assert r.exit_code != 0 and "Traceback" not in r.output
+    assert f"containerd at {containerd_node.socket} has no sandbox for it" in r.output
+    assert "/var/log/pods/wrcri_wr-no-such-pod_<uid> not found" in r.output

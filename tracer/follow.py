@@ -70,6 +70,7 @@ class Follower:
         runtimes: list[Runtime] | None = None,
         units: Sequence[str] = (),
         id_now: Callable[[str], int | None] | None = None,
+        cri_endpoint: str | None = None,
     ) -> None:
         """``id_now``: the id of the cgroup at a path now (``CgroupResolver.id_now``), to
         check that a runtime's answer still describes the cgroup being named."""
@@ -78,6 +79,7 @@ class Follower:
         # asking which runtimes answer costs a podman call or two: only when a container
         # is targeted or seen
         self._runtimes = runtimes
+        self._cri_endpoint = cri_endpoint
         self.followed: list[Followed] = []
         self._named: dict[int, UnitInfo | None] = {}
         # (runtime index or "main", container id) -> what it answered
@@ -105,7 +107,7 @@ class Follower:
     @property
     def runtimes(self) -> list[Runtime]:
         if self._runtimes is None:
-            self._runtimes, self._unavailable = probe()
+            self._runtimes, self._unavailable = probe(cri_endpoint=self._cri_endpoint)
         return self._runtimes
 
     def _why_not(self) -> list[str]:

@@ -1,8 +1,8 @@
 """A Kubernetes node's container runtime, asked through its CRI socket as the kubelet asks it.
 
 This module owns the CRI client: ``CriRuntime`` (``runtime.v1.RuntimeService``'s ``Version``,
-``ListContainers`` and ``ContainerStatus`` over gRPC on the runtime's unix socket) and the pure
-part, ``decode`` (protobuf wire format → nested dicts, by field number) with
+``ListContainers``, ``ContainerStatus`` and ``ListPodSandbox`` over gRPC on the runtime's unix
+socket) and the pure part, ``decode`` (protobuf wire format → nested dicts, by field number) with
 ``info_from_status`` (one ``ContainerStatusResponse`` → ``ContainerInfo``), tested without a
 runtime.
 
@@ -35,7 +35,7 @@ from typing import Any
 
 from tracer.runtimes.base import ContainerInfo, LookupFailed, Runtime, cgroup_path_of_pid
 
-__all__ = ["CriRuntime", "cri_endpoints", "decode", "info_from_status"]
+__all__ = ["CriRuntime", "cri_endpoints", "decode", "info_from_status", "sandboxes"]
 
 DEFAULT_SOCKETS = ("/run/containerd/containerd.sock", "/run/crio/crio.sock")
 SERVICE = "/runtime.v1.RuntimeService/"
@@ -227,11 +227,23 @@ def list_ids(response: bytes) -> list[tuple[str, str, str, str, int]]:
     return out
 
 
-def cri_endpoints(env: dict[str, str] | None = None) -> list[str]:
-    """Socket paths to ask: ``CONTAINER_RUNTIME_ENDPOINT`` (unix:// or a path) when set, else
-    the usual ones that exist."""
+def sandboxes(response: bytes) -> list[tuple[str, str, str, int]]:
+    """``ListPodSandboxResponse`` → (namespace, name, uid, created_at) of each pod sandbox
+    (``PodSandbox.metadata``: name 1, uid 2, namespace 3; ``created_at`` 4)."""
+    out = []
+    for raw in decode(response).get(1, []):
+        if isinstance(raw, bytes):
+            sb = decode(raw)
+            meta = _msg(sb, 2)
+            out.append((_str(meta, 3), _str(meta, 1), _str(meta, 2), _int(sb, 4)))
+    return out
+
+
+def cri_endpoints(env: dict[str, str] | None = None, given: str | None = None) -> list[str]:
+    """Socket paths to ask: ``given`` (--runtime-endpoint), else ``CONTAINER_RUNTIME_ENDPOINT``
+    (either unix:// or a path) when set, else the usual ones that exist."""
     env = dict(os.environ) if env is None else env
-    given = env.get("CONTAINER_RUNTIME_ENDPOINT", "")
+    given = given or env.get("CONTAINER_RUNTIME_ENDPOINT", "")
     if given:
         return [given.removeprefix("unix://")]
     return [p for p in DEFAULT_SOCKETS if os.path.exists(p)]
@@ -301,6 +313,18 @@ class CriRuntime(Runtime):
         if info.pid and cgroup_path_of_pid(info.pid, self.proc_root) is not None:
             return self._found(info, self.proc_root)
         return info
+
+    def pod_uid(self, namespace: str, name: str) -> str | None:
+        """The uid of pod NAMESPACE/NAME from its newest sandbox (the kubelet keeps one per pod,
+        a new one when it recreates it: the same uid), None when the runtime has none."""
+        try:
+            listed = sandboxes(self._call("ListPodSandbox", b""))
+        except (LookupFailed, ValueError) as exc:
+            self._fail(str(exc))
+            return None
+        mine = [sb for sb in listed if (sb[0], sb[1]) == (namespace, name) and sb[2]]
+        self._ok()
+        return max(mine, key=lambda sb: sb[3])[2] if mine else None
 
     def _full_id(self, prefix: str) -> str | None:
         ids = [c[0] for c in list_ids(self._call("ListContainers", b"")) if c[0].startswith(prefix)]
