@@ -228,3 +228,39 @@ def test_pod_and_container_resolve_through_the_cri_socket(
     assert r.exit_code != 0 and "Traceback" not in r.output
     assert f"containerd at {containerd_node.socket} has no sandbox for it" in r.output
     assert "/var/log/pods/wrcri_wr-no-such-pod_<uid> not found" in r.output
+
+
+def test_a_followed_container_is_followed_across_its_attempts(
+    tmp_path: Path, kubelet: Kubelet, containerd_node: ContainerdNode
+) -> None:
+    """--container NS/POD/CONTAINER through CRI: each restart is a new container in a new
+    cgroup, found by its pod and name, not by the first one's id (its pod's cgroup is watched:
+    the new cgroup's path is not known ahead); a container of the same name in another pod is
+    not followed."""
+    k = kubelet
+    k.make_pod_cgroup()
+    k.run_sandbox()
+    other = Kubelet(k.cri, "wrcri", f"{k.name}b", log_dir=str(tmp_path / "other"))
+    other.make_pod_cgroup()
+    other.run_sandbox()
+    try:
+        first = k.create("hog", containerd_node.image, ["awk", AWK_HOG], memory_limit=32 * MiB)
+
+        def crash_loop() -> None:
+            k.start(first)
+            wait_for(lambda: k.status(first).state == pb.CONTAINER_EXITED, 60, "attempt 0")
+            time.sleep(BACKOFF_S)
+            run_to_exit(k, containerd_node.image, ["awk", AWK_HOG], 32 * MiB)
+            # the other pod's "hog" (same name, exit 3): not ours
+            run_to_exit(other, containerd_node.image, ["sh", "-c", "exit 3"], 32 * MiB)
+
+        res = record_while(tmp_path, f"wrcri/{k.name}/hog", crash_loop)
+    finally:
+        try:
+            other.remove()
+        finally:
+            other.remove_pod_cgroup()
+    unit = f"pod wrcri/{k.name} container hog"
+    assert [(v.cause, v.unit) for v in res.verdicts if v.main] == [("cgroup_oom", unit)] * 2
+    assert [(r.unit, r.cause) for r in res.restarts] == [(unit, "cgroup_oom")]
+    assert res.restart_counts == [(unit, 1, 1, "containerd")]

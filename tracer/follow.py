@@ -20,6 +20,7 @@ to the kernel's watched set. It owns:
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -38,6 +39,7 @@ from tracer.events import (
 )
 from tracer.runtimes import RestartCountPoller, Runtime, probe
 from tracer.runtimes.base import ContainerInfo
+from tracer.runtimes.cri import CriRuntime
 from tracer.sources.probes import Prober, ProbeSpec
 
 
@@ -188,8 +190,16 @@ class Follower:
         return out
 
     def initial_cgroups(self) -> list[str]:
-        """Cgroup paths to watch from the start (followed containers that are running)."""
-        return [f.info.cgroup_path for f in self.followed if f.info.cgroup_path]
+        """Cgroup paths to watch from the start (followed containers that are running; a
+        Kubernetes container's pod: the kubelet restarts it as a new container whose cgroup,
+        named by the new id, the kernel cannot be told ahead, and whose first exec follows the
+        mkdir too closely to be watched after it; its pod's cgroup holds every attempt)."""
+        out = [f.info.cgroup_path for f in self.followed if f.info.cgroup_path]
+        for f in self.followed:
+            where = f.info.cgroup_when_started
+            if isinstance(f.runtime, CriRuntime) and where and posixpath.dirname(where) != "/":
+                out.append(posixpath.dirname(where))
+        return out
 
     @property
     def following(self) -> bool:
@@ -357,7 +367,11 @@ class Follower:
         found = self._lookup(unit.key)  # a new id: the same container by name (docker, k8s)
         if found is None:
             return None
-        return next((f for f in self.followed if f.info.name == found.name), None)
+        # (a Kubernetes container's name is its pod's: "hog" of another pod is not ours)
+        return next(
+            (f for f in self.followed if (f.info.name, _pod(f.info)) == (found.name, _pod(found))),
+            None,
+        )
 
     def _owner_of_cgroup(self, cgroup_id: int) -> Followed | None:
         for f in self.followed:
