@@ -22,12 +22,13 @@ def record_while(
     duration: float = 120,
     **targets: object,
 ) -> RecordResult:
-    """Record --container while ``action`` drives it; stop once it is done (or after
-    ``duration`` seconds)."""
+    """Record --container while ``action`` drives it (no container: only ``targets``, a pod's
+    ``cgroups`` as --pod gives them); stop once it is done (or after ``duration`` seconds)."""
     ready = threading.Event()
+    containers = [container] if container else []
     rec = Recorder(
         str(tmp_path / "c.trace"),
-        Targets(containers=[container], **targets),  # type: ignore[arg-type]
+        Targets(containers=containers, **targets),  # type: ignore[arg-type]
         duration=duration,
         on_ready=ready.set,
     )

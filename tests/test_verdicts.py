@@ -351,6 +351,25 @@ def test_a_stop_is_sigterm_then_sigkill_after_the_grace_period() -> None:
     assert "SIGTERM, then SIGKILL 10.0 s later" in v.summary
 
 
+def test_a_handled_sigterm_then_exit_143_is_a_stop_not_an_exit_of_its_own() -> None:
+    """A graceful stop (the runtime's SIGTERM, handled: the process exits 128 + 15 at once) is
+    the sender's doing; an exit 143 with no SIGTERM before it, or a SIGTERM long before it, is
+    the process's own."""
+    v = one(sent(1.0, 300, 100, signal.SIGTERM, comm="runc"), exit_code(1.001, 100, 143))
+    assert (v.cause, v.sender_role, v.exit_code, v.confidence) == (
+        "signal_kill",
+        "supervisor",
+        143,
+        "high",
+    )
+    assert "SIGTERM, which it handled: it exited with code 143" in v.summary
+    assert one(exit_code(1.0, 100, 143)).cause == "app_exit"
+    late = one(sent(1.0, 300, 100, signal.SIGTERM, comm="runc"), exit_code(9.0, 100, 143))
+    assert late.cause == "app_exit"
+    other = one(sent(1.0, 300, 100, signal.SIGHUP, comm="runc"), exit_code(1.001, 100, 143))
+    assert other.cause == "app_exit"
+
+
 def test_configured_supervisor_pid() -> None:
     a = Analyzer(supervisor_pids=[777])
     [v] = a.feed_all([sent(1.0, 777, 100, comm="my-watchdog"), killed(1.0, 100, signal.SIGTERM)])

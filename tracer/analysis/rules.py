@@ -260,7 +260,7 @@ def _decide(v: ExitView) -> Finding:
         return gpu
     if ws.signal is not None:
         return signal_exit(v, had_oom)
-    return init_exit(v) or related_exit(v, had_oom) or app_exit(v, had_oom)
+    return init_exit(v) or handled_stop(v) or related_exit(v, had_oom) or app_exit(v, had_oom)
 
 
 # -- the process's own exit ------------------------------------------------------------------
@@ -364,6 +364,63 @@ def related_exit(v: ExitView, had_oom: bool) -> Finding | None:
         breakdown=child.breakdown,
         stall_ns=child.stall_ns,
         host_available=child.host_available,
+        exit_code=code,
+    )
+
+
+def handled_stop(v: ExitView) -> Finding | None:
+    """A main process that exits 128 + N right after another process sent it signal N, which
+    it handled (a shell's ``trap 'exit 143' TERM``, a server's graceful shutdown): stopped on
+    request, as a runtime's graceful stop (``docker stop``, CRI StopContainer) ends it, not an
+    exit of its own. Worded by who sent it, as a kill is."""
+    ex = v.ex
+    code = ex.wait.code
+    if not v.main or code is None or code <= 128 or code - 128 > 64:
+        return None
+    sig = next(
+        (
+            s
+            for s in reversed(v.signals)
+            if s.sig == code - 128
+            and s.sender_pid != ex.pid
+            and s.si_code != SI_KERNEL
+            and s.result == 0
+            and 0 <= ex.ts - s.ts <= SETTLE_NS
+        ),
+        None,
+    )
+    if sig is None:
+        return None
+    exe = sig.sender_exe or (v.exe_of(sig.sender_pid) if v.exe_of is not None else "")
+    who = senders.classify(
+        sig.sender_comm,
+        sig.sender_pid,
+        ex.pid,
+        kernel=False,
+        supervisor_pids=v.supervisor_pids,
+        exe=exe,
+        cgroup=v.ev.path(sig.sender_cgroup_id) or "",
+        ancestor=sig.sender_pid in v.ancestors,
+    )
+    if who.role in (senders.ROLE_SELF, senders.ROLE_KERNEL):
+        return None
+    name = signal_name(sig.sig)
+    summary, advice = say.sender_text(
+        who, say.handled_how(name, code), sig.sender_comm, sig.sender_pid
+    )
+    evidence = [(sig.ts, say.signal_from(name, sig.sender_pid, sig.sender_comm)), v.exit_ev]
+    if who.doubt:
+        evidence.append((sig.ts, who.doubt))
+    return Finding(
+        SIGNAL_KILL,
+        HIGH,
+        summary,
+        advice,
+        tuple(sorted(evidence)),
+        sender_pid=sig.sender_pid,
+        sender_comm=sig.sender_comm,
+        sender_role=who.role,
+        sender_exe=exe or None,
         exit_code=code,
     )
 

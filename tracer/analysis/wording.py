@@ -368,6 +368,10 @@ def stop_how(grace_s: float) -> str:
     return f"SIGTERM, then SIGKILL {grace_s:.1f} s later (the stop grace period ran out)"
 
 
+def handled_how(name: str, code: int) -> str:
+    return f"{name}, which it handled: it exited with code {code}"
+
+
 def supervisor_recorded(source: str, unit: str, code: int | None, oom_flag: bool | None) -> str:
     """A supervisor's own record of an exit, quoted (systemd: Result=, ExecMainStatus)."""
     what = f"exit code {code}" if code is not None else "an exit"

@@ -77,6 +77,8 @@ class Targets:
     # a supervisor's kill after this many failed probes in a row is a probe kill (the analysis
     # reads it from the header: a replay judges alike)
     probe_failures: int = 3
+    # a Kubernetes node's CRI socket (--runtime-endpoint); None: tracer.runtimes.cri's default
+    runtime_endpoint: str | None = None
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -316,6 +318,7 @@ class Recorder:
             resolver.path_of,
             units=self.targets.units,
             id_now=resolver.id_now,
+            cri_endpoint=self.targets.runtime_endpoint,
         )
         for path in self.follower.initial_cgroups():
             self.targets.cgroups.append(path)
