@@ -396,8 +396,22 @@ int BPF_PROG(exit_btf_dedup, struct task_struct *task)
  * program, and the de-duplicating twin takes over. (The design paired this rung with
  * syscalls/sys_enter_exit_group for the code; the status read above is exact for exit_group,
  * exit and fatal signals alike, so that second hook is not needed.) */
+/* The record's layout since 3e816361e94a (6.16), declared here, not taken from vmlinux.h: before
+ * that commit sched_process_exit was a DEFINE_EVENT of sched_process_template, and a DEFINE_EVENT
+ * declares no trace_event_raw_<event> struct, so a vmlinux.h generated on a pre-6.16 build host
+ * (Debian 12's 6.1, Ubuntu 22.04/24.04, RHEL 9) has none and this file did not compile there.
+ * libbpf drops the ___616 flavour suffix when it matches the running kernel's type; a kernel
+ * without the struct refuses this program at load, as it always did, and exit_tp_dedup runs. */
+struct trace_event_raw_sched_process_exit___616 {
+	struct trace_entry ent;
+	char comm[16];
+	pid_t pid;
+	int prio;
+	bool group_dead;
+} __attribute__((preserve_access_index));
+
 SEC("tracepoint/sched/sched_process_exit")
-int exit_tp(struct trace_event_raw_sched_process_exit *ctx)
+int exit_tp(struct trace_event_raw_sched_process_exit___616 *ctx)
 {
 	return handle_exit((struct task_struct *)bpf_get_current_task(), ctx->group_dead,
 			   WR_RUNG_TRACEPOINT);
