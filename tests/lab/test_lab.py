@@ -277,6 +277,8 @@ def test_oom_kill_gets_the_exact_memcg(
     assert hog.wait.signal == signal.SIGKILL
     [oom] = ooms(events)
     assert (oom.rung, oom.victim_pid, oom.memcg) == (variant, hog.pid, True)
+    # oom_control's own constraint, and a kill (not a mark of a task already exiting)
+    assert (oom.constraint, oom.exiting) == ("memcg", False)
     assert (oom.limit_cgroup_id, oom.limit_bytes) == (cid, 48 * MiB)
     assert oom.victim_cgroup_id == victim_cgroup(res, cid, oom)
     assert 40 * MiB < oom.usage_bytes <= 48 * MiB
@@ -360,6 +362,8 @@ def test_oom_group_kills_every_member_and_each_gets_a_verdict(
     assert {(o.memcg, o.limit_cgroup_id, o.victim_cgroup_id) for o in kills} == {
         (True, cid, victim_cgroup(res, cid, o)) for o in kills
     }
+    exact = "memcg" if res.header.hooks["oom_context"] else ""
+    assert {(o.constraint, o.exiting) for o in kills} == {(exact, False)}
     if "oom_group_kill" in after:  # Linux 5.17+
         assert delta(before, after, "oom_group_kill") == 1
     comms = {e.pid: e.comm for e in exits(events)}
