@@ -702,6 +702,7 @@ static __always_inline int handle_victim(struct task_struct *victim, __u32 victi
 	struct task_struct *cur = (struct task_struct *)bpf_get_current_task();
 	__u32 tid = (__u32)bpf_get_current_pid_tgid();
 	struct oom_ctx *oc = bpf_map_lookup_elem(&oom_ctxs, &tid);
+	struct exit_key k = {};
 	struct wr_oom *e;
 
 	/* the classic tracepoint names the victim by thread id: often the thread whose
@@ -709,7 +710,6 @@ static __always_inline int handle_victim(struct task_struct *victim, __u32 victi
 	if (!victim && victim_pid == BPF_CORE_READ(cur, pid))
 		victim = cur;
 	if (victim) {
-		struct exit_key k = {};
 		__u8 one = 1;
 
 		victim_pid = BPF_CORE_READ(victim, tgid);
@@ -727,8 +727,12 @@ static __always_inline int handle_victim(struct task_struct *victim, __u32 victi
 	}
 
 	e = reserve(sizeof(*e));
-	if (!e)
+	if (!e) {
+		/* (lost, and counted: a later mark of the same victim may still tell it) */
+		if (k.tgid)
+			bpf_map_delete_elem(&oom_victims, &k);
 		return 0;
+	}
 	fill_hdr(&e->h, WR_EV_OOM, sizeof(*e), rung, cur);
 	e->victim_pid = victim_pid;
 	e->memcg = 0;
