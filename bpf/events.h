@@ -83,7 +83,21 @@ struct wr_oom {
 	__u64 limit_pages;     /* its page_counter max */
 	__u64 usage_pages;     /* its page_counter usage */
 	char victim_comm[WR_COMM_LEN];
+	__u32 constraint;      /* enum wr_oom_constraint: oc->constraint, where it was read */
+	__u32 flags;           /* WR_OOM_* */
 };
+
+/* wr_oom.constraint: the kernel's enum oom_constraint, and "not read" (the guessing rungs) */
+enum wr_oom_constraint {
+	WR_OOM_CONSTRAINT_UNKNOWN = 0,
+	WR_OOM_CONSTRAINT_NONE = 1, /* the whole machine */
+	WR_OOM_CONSTRAINT_CPUSET = 2,
+	WR_OOM_CONSTRAINT_MEMPOLICY = 3,
+	WR_OOM_CONSTRAINT_MEMCG = 4,
+};
+
+/* wr_oom.flags: the victim was already exiting by itself (marked, not killed) */
+#define WR_OOM_EXITING 1
 
 /* A watched process created a new process. The header names the parent. */
 struct wr_fork {

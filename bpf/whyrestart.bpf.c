@@ -137,7 +137,7 @@ struct oom_ctx {
 	__u64 memcg_ptr;
 	__u64 ts_ns;
 	__u32 rung;
-	__u32 _pad;
+	__u32 constraint; /* WR_OOM_CONSTRAINT_* from oc->constraint */
 };
 
 struct {
@@ -396,8 +396,22 @@ int BPF_PROG(exit_btf_dedup, struct task_struct *task)
  * program, and the de-duplicating twin takes over. (The design paired this rung with
  * syscalls/sys_enter_exit_group for the code; the status read above is exact for exit_group,
  * exit and fatal signals alike, so that second hook is not needed.) */
+/* The record's layout since 3e816361e94a (6.16), declared here, not taken from vmlinux.h: before
+ * that commit sched_process_exit was a DEFINE_EVENT of sched_process_template, and a DEFINE_EVENT
+ * declares no trace_event_raw_<event> struct, so a vmlinux.h generated on a pre-6.16 build host
+ * (Debian 12's 6.1, Ubuntu 22.04/24.04, RHEL 9) has none and this file did not compile there.
+ * libbpf drops the ___616 flavour suffix when it matches the running kernel's type; a kernel
+ * without the struct refuses this program at load, as it always did, and exit_tp_dedup runs. */
+struct trace_event_raw_sched_process_exit___616 {
+	struct trace_entry ent;
+	char comm[16];
+	pid_t pid;
+	int prio;
+	bool group_dead;
+} __attribute__((preserve_access_index));
+
 SEC("tracepoint/sched/sched_process_exit")
-int exit_tp(struct trace_event_raw_sched_process_exit *ctx)
+int exit_tp(struct trace_event_raw_sched_process_exit___616 *ctx)
 {
 	return handle_exit((struct task_struct *)bpf_get_current_task(), ctx->group_dead,
 			   WR_RUNG_TRACEPOINT);
@@ -622,6 +636,26 @@ int signal_tp(struct trace_event_raw_signal_generate *ctx)
  * up to the root, and picking the limited one with the least headroom.
  */
 
+/* out_of_memory() sets oc->constraint (constrained_alloc()) before oom_kill_process(): an
+ * allocation restricted to some NUMA nodes by a cpuset (cpuset.mems, the Kubernetes Memory
+ * Manager) or a mempolicy (numactl --membind, mbind) can exhaust those nodes while the host has
+ * memory to spare: not "the whole machine". The enum's values are read through CO-RE. */
+static __always_inline __u32 oc_constraint(struct oom_control *oc)
+{
+	int c;
+
+	if (!bpf_core_field_exists(oc->constraint))
+		return WR_OOM_CONSTRAINT_UNKNOWN;
+	c = BPF_CORE_READ(oc, constraint);
+	if (c == bpf_core_enum_value(enum oom_constraint, CONSTRAINT_MEMCG))
+		return WR_OOM_CONSTRAINT_MEMCG;
+	if (c == bpf_core_enum_value(enum oom_constraint, CONSTRAINT_CPUSET))
+		return WR_OOM_CONSTRAINT_CPUSET;
+	if (c == bpf_core_enum_value(enum oom_constraint, CONSTRAINT_MEMORY_POLICY))
+		return WR_OOM_CONSTRAINT_MEMPOLICY;
+	return WR_OOM_CONSTRAINT_NONE;
+}
+
 static __always_inline void note_oc(struct oom_control *oc, __u32 rung)
 {
 	__u32 tid = (__u32)bpf_get_current_pid_tgid();
@@ -630,6 +664,7 @@ static __always_inline void note_oc(struct oom_control *oc, __u32 rung)
 	c.memcg_ptr = (__u64)BPF_CORE_READ(oc, memcg);
 	c.ts_ns = bpf_ktime_get_boot_ns();
 	c.rung = rung;
+	c.constraint = oc_constraint(oc);
 	bpf_map_update_elem(&oom_ctxs, &tid, &c, BPF_ANY);
 }
 
@@ -753,12 +788,43 @@ static __always_inline void find_limit(struct mem_cgroup *memcg, struct wr_oom *
 	e->memcg = lim.id && at_limit(lim.usage, lim.max);
 }
 
+/* One record per victim process: mark_oom_victim() guards on the per-thread TIF_MEMDIE, so in
+ * a global OOM each further thread of a killed process that enters out_of_memory() is marked
+ * again there (task_will_free_mem(current): no kill, no oom_control), after the kill itself
+ * was. The first record of a victim is the kill's, with its exact context; the later marks of
+ * the same process (tgid and the leader's start time: a reused pid is another key) are not
+ * sent. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 1024);
+	__type(key, struct exit_key);
+	__type(value, __u8);
+} oom_victims SEC(".maps");
+
+/* The mark is not the OOM killer's kill when the victim was already exiting by itself:
+ * out_of_memory() and oom_kill_process() only mark a task_will_free_mem() victim (group exit
+ * under way, or a single thread in do_exit) and let it go. Its exit status is then its own
+ * (exit_group's code, a signal other than SIGKILL). A victim the OOM killer kills has the
+ * SIGKILL it was just sent as its group exit code (complete_signal()) when it is marked. */
+#define WR_PF_EXITING 0x00000004 /* include/linux/sched.h, the same bit since 2.6 */
+#define WR_SIGKILL 9
+
+static __always_inline bool exiting_on_its_own(struct task_struct *victim)
+{
+	__u32 flags = BPF_CORE_READ(victim, signal, flags);
+
+	if (flags & WR_SIGNAL_GROUP_EXIT)
+		return (BPF_CORE_READ(victim, signal, group_exit_code) & 0x7f) != WR_SIGKILL;
+	return BPF_CORE_READ(victim, flags) & WR_PF_EXITING;
+}
+
 static __always_inline int handle_victim(struct task_struct *victim, __u32 victim_pid,
 					 __u16 rung)
 {
 	struct task_struct *cur = (struct task_struct *)bpf_get_current_task();
 	__u32 tid = (__u32)bpf_get_current_pid_tgid();
 	struct oom_ctx *oc = bpf_map_lookup_elem(&oom_ctxs, &tid);
+	struct exit_key k = {};
 	struct wr_oom *e;
 
 	/* the classic tracepoint names the victim by thread id: often the thread whose
@@ -766,8 +832,14 @@ static __always_inline int handle_victim(struct task_struct *victim, __u32 victi
 	if (!victim && victim_pid == BPF_CORE_READ(cur, pid))
 		victim = cur;
 	if (victim) {
+		__u8 one = 1;
+
 		victim_pid = BPF_CORE_READ(victim, tgid);
 		if (!is_watched(victim, victim_pid))
+			return 0;
+		k.tgid = victim_pid;
+		k.start_ns = BPF_CORE_READ(victim, group_leader, start_boottime);
+		if (bpf_map_update_elem(&oom_victims, &k, &one, BPF_NOEXIST))
 			return 0;
 	} else {
 		victim_pid = tgid_of_tid(victim_pid, cur);
@@ -777,14 +849,20 @@ static __always_inline int handle_victim(struct task_struct *victim, __u32 victi
 	}
 
 	e = reserve(sizeof(*e));
-	if (!e)
+	if (!e) {
+		/* (lost, and counted: a later mark of the same victim may still tell it) */
+		if (k.tgid)
+			bpf_map_delete_elem(&oom_victims, &k);
 		return 0;
+	}
 	fill_hdr(&e->h, WR_EV_OOM, sizeof(*e), rung, cur);
 	e->victim_pid = victim_pid;
 	e->memcg = 0;
 	e->limit_cgroup_id = 0;
 	e->limit_pages = 0;
 	e->usage_pages = 0;
+	e->constraint = WR_OOM_CONSTRAINT_UNKNOWN;
+	e->flags = victim && exiting_on_its_own(victim) ? WR_OOM_EXITING : 0;
 	if (victim) {
 		e->victim_cgroup_id = cgroup_id_of(task_cgroup(victim));
 		/* the process, not the thread the OOM killer's scan happened to pick (a memcg scan
@@ -795,10 +873,14 @@ static __always_inline int handle_victim(struct task_struct *victim, __u32 victi
 		__builtin_memset(&e->victim_comm, 0, sizeof(e->victim_comm));
 	}
 
-	if (oc && e->h.ts_ns - oc->ts_ns < 1000000000ULL) {
+	/* The context lives from oom_kill_process() entry to its return (fexit/kretprobe delete it)
+	 * however long dump_header() prints to a slow serial console or a memory.oom.group scan
+	 * takes; the bound only retires a context whose kretprobe was missed (maxactive). */
+	if (oc && e->h.ts_ns - oc->ts_ns < 60000000000ULL) {
 		struct mem_cgroup *memcg = (struct mem_cgroup *)oc->memcg_ptr;
 
 		e->h.rung = oc->rung;
+		e->constraint = oc->constraint;
 		if (memcg) {
 			e->memcg = 1;
 			e->limit_cgroup_id = memcg_id(memcg);

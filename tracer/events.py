@@ -146,6 +146,12 @@ class OomKill(Event, frozen=True, tag="oom"):
     limit_bytes: int  # that cgroup's limit (0 when unknown)
     usage_bytes: int  # its usage at the kill
     rung: str  # which hook saw it: kprobe, fentry, tp_btf, tracepoint, kmsg
+    # the OOM's constraint as oom_control states it (fentry/kprobe rungs): "none" (the whole
+    # machine), "memcg", "cpuset" or "mempolicy" (NUMA nodes a cpuset or mempolicy confined the
+    # allocation to); "" where the rung guessed the scope instead
+    constraint: str = ""
+    # marked by the OOM killer while already exiting by itself (task_will_free_mem()): no kill
+    exiting: bool = False
 
 
 class Fork(Event, frozen=True, tag="fork"):

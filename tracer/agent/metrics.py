@@ -18,7 +18,14 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.process_collector import ProcessCollector
 
-from tracer.analysis.findings import APP_EXIT, CGROUP_OOM, GLOBAL_OOM, Restart, Verdict
+from tracer.analysis.findings import (
+    APP_EXIT,
+    CGROUP_OOM,
+    GLOBAL_OOM,
+    NUMA_OOM,
+    Restart,
+    Verdict,
+)
 
 UNIT_LABELS = ("unit", "namespace", "pod", "container")
 DEFAULT_SERIES_TTL_S = 600.0
@@ -123,8 +130,9 @@ class Metrics:
 
     def verdict(self, v: Verdict, labels: dict[str, str]) -> None:
         self._inc(self.exits, labels, (v.cause, v.confidence))
-        if v.cause in (CGROUP_OOM, GLOBAL_OOM):
-            scope = v.limit_scope or ("host" if v.cause == GLOBAL_OOM else "unknown")
+        if v.cause in (CGROUP_OOM, GLOBAL_OOM, NUMA_OOM):
+            host = {GLOBAL_OOM: "host", NUMA_OOM: "numa"}
+            scope = v.limit_scope or host.get(v.cause, "unknown")
             self._inc(self.oom_kills, labels, (scope,))
         if v.cause == APP_EXIT and v.exit_code == 0:
             self._inc(self.clean, labels)

@@ -43,6 +43,7 @@ from tracer.analysis.findings import (
     HIGH,
     LOW,
     MEDIUM,
+    NUMA_OOM,
     PROBE_KILL,
     SIGNAL_KILL,
     UNKNOWN,
@@ -174,7 +175,9 @@ def oom_evidence_complete(ex: Exit, store: Evidence) -> bool:
     bpf = [o for o in pe.ooms if lo <= o.ts <= ex.ts]
     if not bpf or not any(lo <= k.ts for k in pe.kmsg):
         return False
-    oom = bpf[-1]
+    oom = best_oom(bpf)
+    if oom is None:
+        return False
     if not oom.memcg:
         return True  # (a global OOM: no cgroup counter is read)
     cg = store.by_cgroup.get(oom.limit_cgroup_id or ex.cgroup_id)
@@ -247,7 +250,7 @@ def _with_probe_failures(v: ExitView, f: Finding) -> Finding:
 
 def _decide(v: ExitView) -> Finding:
     ws = v.ex.wait
-    had_oom = bool(v.ooms or v.kmsg)
+    had_oom = best_oom(v.ooms) is not None or bool(v.kmsg)
     if had_oom and ws.signal == _signal.SIGKILL:
         killer = fatal_signal(v.signals, _signal.SIGKILL)
         if killer is None or _kernel_kill(killer) or any(_kernel_kill(s) for s in v.signals):
@@ -460,7 +463,7 @@ def oom_kill(v: ExitView) -> Finding:
     ex, store = v.ex, v.ev
     evidence: list[Evidence_] = []
     disagree: list[str] = []
-    bpf = v.ooms[-1] if v.ooms else None
+    bpf = best_oom(v.ooms)
     km = v.kmsg[-1] if v.kmsg else None
     # The mark_victim rungs guess the scope (a cgroup found at its limit by walking up from
     # the victim); the kernel log states the OOM's constraint. Where both exist, the kernel's
@@ -475,13 +478,14 @@ def oom_kill(v: ExitView) -> Finding:
     limit_id, limit_path, limit_bytes, usage, differ = limiting_cgroup(v, bpf, km)
     if differ:
         disagree.append(differ)
-    oom_ts = min([o.ts for o in v.ooms] + [k.ts for k in v.kmsg])
+    oom_ts = min([o.ts for o in v.ooms if not o.exiting] + [k.ts for k in v.kmsg])
     for s in v.signals:
         # __oom_kill_process() sends the SIGKILL just before mark_oom_victim(): the signal
         # may precede the OOM event by microseconds.
         if s.sig == _signal.SIGKILL and s.si_code == SI_KERNEL and abs(s.ts - oom_ts) < SECOND:
             evidence.append((s.ts, say.oom_killer_signal(s.sender_comm)))
     memcg = any(votes)
+    numa = numa_constraint(bpf, km)
     if len(set(votes)) > 1:
         disagree.append(say.CONSTRAINTS_DISAGREE)
     if guessed and bpf is not None and km is not None and bpf.memcg != km.memcg:
@@ -508,6 +512,8 @@ def oom_kill(v: ExitView) -> Finding:
         summary, advice = say.cgroup_oom_text(
             where, limit_bytes, scope, host_avail, stall, peak, HEADROOM, never_healthy(v, oom_ts)
         )
+    elif numa:
+        cause, summary, advice = NUMA_OOM, say.numa_oom_summary(numa), say.NUMA_OOM_ADVICE
     else:
         cause, summary, advice = GLOBAL_OOM, say.GLOBAL_OOM_SUMMARY, say.GLOBAL_OOM_ADVICE
     return Finding(
@@ -533,6 +539,35 @@ def oom_kill(v: ExitView) -> Finding:
 # BPF rungs that read the OOM's memory cgroup from the kernel's own oom_control; the others
 # walk the victim's ancestors for one at its limit, a guess the kernel log can overrule
 _EXACT_RUNGS = frozenset(("kprobe", "fentry"))
+
+# The kernel's CONSTRAINT_CPUSET / CONSTRAINT_MEMORY_POLICY (oom_control, and the kernel log's
+# oom-kill line): the allocation could only use some NUMA nodes, and those ran out.
+_NUMA_CONSTRAINTS = {
+    "cpuset": "cpuset",
+    "mempolicy": "mempolicy",
+    "CONSTRAINT_CPUSET": "cpuset",
+    "CONSTRAINT_MEMORY_POLICY": "mempolicy",
+}
+
+
+def best_oom(ooms: list[OomKill]) -> OomKill | None:
+    """The record that says most about the kill: never a mark of a victim that was already
+    exiting by itself (task_will_free_mem(): the OOM killer marked it and killed nothing); the
+    exact rungs' (oom_control read) before the guesses; the first of equals (a later mark of the
+    same process is another of its threads, outside the kill). Not simply the last: a guess
+    that came after the exact record would override its scope."""
+    kills = [o for o in ooms if not o.exiting]
+    exact = [o for o in kills if o.rung in _EXACT_RUNGS]
+    return exact[0] if exact else kills[0] if kills else None
+
+
+def numa_constraint(bpf: OomKill | None, km: KmsgOom | None) -> str | None:
+    """ "cpuset" or "mempolicy" when the OOM was confined to some NUMA nodes, as oom_control
+    (the exact rungs) or the kernel log's constraint says; None otherwise."""
+    for said in (bpf.constraint if bpf else "", km.constraint if km else ""):
+        if said in _NUMA_CONSTRAINTS:
+            return _NUMA_CONSTRAINTS[said]
+    return None
 
 
 def limiting_cgroup(

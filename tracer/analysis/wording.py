@@ -78,8 +78,12 @@ def bpf_oom(bpf: OomKill, limit_path: str | None) -> str:
     where = f" in {limit_path}" if limit_path else ""
     return (
         f"[{bpf.rung}] OOM killer chose pid {bpf.victim_pid}, "
-        f"{'memcg' if bpf.memcg else 'global'}{where}"
+        f"{'memcg' if bpf.memcg else _NODES.get(bpf.constraint, 'global')}{where}"
+        + (" (already exiting: marked, not killed)" if bpf.exiting else "")
     )
+
+
+_NODES = {"cpuset": "cpuset-constrained (NUMA)", "mempolicy": "mempolicy-constrained (NUMA)"}
 
 
 def scope_guess_overruled(rung: str, guessed_memcg: bool) -> str:
@@ -188,6 +192,18 @@ def cgroup_oom_text(
 
 
 GLOBAL_OOM_SUMMARY = "OOM-killed by the host's OOM killer: the whole machine ran out of memory"
+NUMA_OOM_ADVICE = (
+    "the memory nodes it was confined to were exhausted while other nodes may have had memory "
+    "free: widen the allowed nodes (cpuset.mems, numactl --membind, the Kubernetes Memory "
+    "Manager's reservation), use a preferred or interleaved policy, or size it to one node"
+)
+
+
+def numa_oom_summary(kind: str) -> str:
+    by = "its cpuset's memory nodes" if kind == "cpuset" else "its memory policy's nodes"
+    return f"OOM-killed by the host's OOM killer: {by} ran out of memory (NUMA-constrained)"
+
+
 GLOBAL_OOM_ADVICE = (
     "the host itself was exhausted: find the largest consumers, add memory, "
     "or set per-service limits so one service cannot starve the rest"

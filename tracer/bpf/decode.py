@@ -123,8 +123,9 @@ class Decoder:
 
     def _oom(self, raw: bytes) -> Event:
         (_, _, rung, _, ts, _pid, tgid, _cg, comm, victim, memcg, vcg, lcg, limit, usage, vcomm) = (
-            _OOM.unpack_from(raw)
-        )
+            fields := _OOM.unpack_from(raw)
+        )[:16]
+        constraint, flags = fields[16:]
         return OomKill(
             ts=ts,
             victim_pid=victim,
@@ -137,6 +138,8 @@ class Decoder:
             limit_bytes=limit * self.page_size,
             usage_bytes=usage * self.page_size,
             rung=layout.RUNG_NAMES.get(rung, str(rung)),
+            constraint=layout.OOM_CONSTRAINTS.get(constraint, ""),
+            exiting=bool(flags & layout.OOM_EXITING),
         )
 
     @staticmethod

@@ -23,6 +23,10 @@ STALL_KINDS = {1: "memcg", 2: "direct", 3: "high"}
 
 RUNG_NAMES = {1: "fentry", 2: "kprobe", 3: "tp_btf", 4: "tracepoint"}
 
+# wr_oom.constraint (enum wr_oom_constraint): the kernel's oom_constraint, "" where not read
+OOM_CONSTRAINTS = {0: "", 1: "none", 2: "cpuset", 3: "mempolicy", 4: "memcg"}
+OOM_EXITING = 1  # wr_oom.flags: the victim was already exiting by itself (marked, not killed)
+
 u16, u32, s32, u64 = ctypes.c_uint16, ctypes.c_uint32, ctypes.c_int32, ctypes.c_uint64
 
 
@@ -67,6 +71,8 @@ class WrOom(ctypes.Structure):
         ("limit_pages", u64),
         ("usage_pages", u64),
         ("victim_comm", ctypes.c_char * COMM_LEN),
+        ("constraint", u32),
+        ("flags", u32),
     ]
 
 
