@@ -217,6 +217,7 @@ def _gpu_checks(memcg_v1: bool, facts: dict[str, Any]) -> list[Check]:
             info.get("hold") == "ready",
             f"first-call hold of processes opening an unprobed libcuda: {info.get('hold')}; "
             f"holds shared with other recorders: {info.get('hold_peers')}; "
+            f"its guard: {info.get('hold_guard')}; "
             f"{_hold_cost(info.get('host_libcuda'))}",
             ""
             if info.get("hold") == "ready"

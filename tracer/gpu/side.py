@@ -242,6 +242,12 @@ class GpuSide:
             "pid_filter": "shared" if "watched_pids" in self.shared else "own",
             # holds of one process by several recorders wait for each other (bpffs map)
             "hold_peers": "shared" if self.hooks is not None and self.hooks.peers_shared else "own",
+            # whether the guard outlives an OOM kill of this recorder's cgroup (oom.group)
+            "hold_guard": (
+                "spared by OOM kills"
+                if system.has_capability(system.CAP_SYS_RESOURCE)
+                else "not spared by OOM kills (no CAP_SYS_RESOURCE)"
+            ),
         }
         out.update(self.nvml.describe())
         return out
