@@ -59,6 +59,15 @@ def run_checks() -> tuple[list[Check], dict[str, Any]]:
             system.KERNEL_FIX if too_old else "",
         )
     )
+    pid_ns = system.pid_namespace_problem()
+    checks.append(
+        Check(
+            "pid_namespace",
+            pid_ns is None,
+            "the host's pid namespace" if pid_ns is None else pid_ns,
+            "" if pid_ns is None else system.PID_NS_FIX,
+        )
+    )
     btf = os.path.exists(system.BTF_PATH)
     checks.append(
         Check(
