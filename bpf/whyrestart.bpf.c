@@ -152,7 +152,8 @@ struct {
 #define UNLIMITED_PAGES (1ULL << 40)
 /* Default-terminating signals worth attributing an exit to (signal(7) "Term" and "Core"):
  * HUP INT QUIT ILL TRAP ABRT BUS FPE KILL USR1 SEGV USR2 PIPE ALRM TERM STKFLT XCPU XFSZ VTALRM
- * PROF IO PWR SYS. SIGCHLD, SIGCONT, stop and tty signals are not. */
+ * PROF IO PWR SYS, and the real-time signals 32..64 (WR_SIGRTMIN_KERNEL). SIGCHLD, SIGCONT, stop
+ * and tty signals are not. */
 #define FATAL_SIGNALS                                                                           \
 	((1ULL << 1) | (1ULL << 2) | (1ULL << 3) | (1ULL << 4) | (1ULL << 5) | (1ULL << 6) |     \
 	 (1ULL << 7) | (1ULL << 8) | (1ULL << 9) | (1ULL << 10) | (1ULL << 11) | (1ULL << 12) | \
@@ -468,6 +469,10 @@ struct {
 } handled_seen SEC(".maps");
 
 #define HANDLED_PER_SECOND 8
+/* Real-time signals, 32..64 (the kernel's SIGRTMIN is 32; glibc keeps 32 and 33 for itself and
+ * handles them): their default action ends the process (signal(7)), so one a process leaves at
+ * SIG_DFL explains its death like any other; the handled ones are counted like any other. */
+#define WR_SIGRTMIN_KERNEL 32
 #define WR_PF_EXITING 0x00000004 /* include/linux/sched.h, the same bit since 2.6 */
 #define WR_SIG_IGN 1 /* include/uapi/asm-generic/signal-defs.h: SIG_DFL 0, SIG_IGN 1 */
 #define WR_TRACE_SIGNAL_IGNORED 1
@@ -538,7 +543,8 @@ static __always_inline int handle_signal(int sig, int si_code, struct task_struc
 	struct wr_signal *e;
 	__u32 tgid;
 
-	if (sig <= 0 || sig >= 64)
+	/* (_NSIG is 64: SIGRTMAX is a signal too) */
+	if (sig <= 0 || sig > 64)
 		return 0;
 	/* the classic tracepoint names the target by thread id only: the sender's own thread
 	 * (a fault, abort()) is a task we have */
@@ -554,7 +560,7 @@ static __always_inline int handle_signal(int sig, int si_code, struct task_struc
 		    (!cfg.filter_all && !bpf_map_lookup_elem(&watched_pids, &tgid)))
 			return 0;
 	}
-	if (!((FATAL_SIGNALS >> sig) & 1) ||
+	if (!(sig >= WR_SIGRTMIN_KERNEL || ((FATAL_SIGNALS >> (sig & 63)) & 1)) ||
 	    !signal_matters(sig, si_code, result, target, tgid, cur)) {
 		count_unsent(sig);
 		return 0;
