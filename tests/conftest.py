@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tests import dockerd
+from tests import containerd, dockerd
+from tests.containerd import ContainerdNode
 from tests.dockerd import DockerEngine
 from tests.mt import build as mt_build
 from tracer.bpf import hooks
@@ -90,6 +91,27 @@ def docker_engine() -> Iterator[DockerEngine]:
         yield engine
     finally:
         engine.stop()
+
+
+@pytest.fixture(scope="session")
+def containerd_node() -> Iterator[ContainerdNode]:
+    """A private containerd with its CRI plugin for this test session (tests/containerd.py),
+    the busybox image imported (also its sandbox image): drive it with tests/cri's ``Kubelet``
+    at ``containerd_node.socket``. Root tests only; stopped and removed at the end."""
+    if _root_reason() is not None:
+        pytest.skip(_root_reason() or "")
+    lacks = containerd.missing()
+    if lacks is not None:
+        pytest.fail(lacks)  # scripts/setup installs all of it: missing is a bug, not a skip
+    try:
+        node = containerd.start_containerd()
+    except containerd.ContainerdFailed as exc:
+        pytest.fail(f"the test containerd did not start: {exc}")
+    try:
+        containerd.import_image(node)
+        yield node
+    finally:
+        node.stop()
 
 
 @pytest.fixture(scope="session")

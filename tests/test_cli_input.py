@@ -104,12 +104,13 @@ OPTIONS: dict[str, dict[str, Any]] = {
         "-o": OUTPUT_PATHS, "--pid": INTS, "--cgroup": CGROUPS, "--container": TEXT, "--unit": TEXT,
         "--pod": TEXT, "--probe": URLS, "--probe-interval": DURATIONS,
         "--probe-timeout": DURATIONS, "--probe-failures": INTS, "--supervisor": INTS,
-        "--duration": DURATIONS,
+        "--duration": DURATIONS, "--runtime-endpoint": PATHS | TEXT,
     },
     "tail": {
         "--pid": INTS, "--cgroup": CGROUPS, "--container": TEXT, "--unit": TEXT, "--pod": TEXT,
         "--probe": URLS, "--probe-interval": DURATIONS, "--probe-timeout": DURATIONS,
         "--probe-failures": INTS, "--supervisor": INTS, "--duration": DURATIONS,
+        "--runtime-endpoint": PATHS | TEXT,
     },
     "repro": {
         "--memory-max": SIZES, "--memory-high": SIZES, "--probe-timeout": SIZES | DURATIONS,
@@ -186,7 +187,7 @@ def _stubbed() -> Iterator[None]:
     cwd = os.getcwd()
     os.chdir(_SCRATCH)
     with (
-        mock.patch("tracer.record.Recorder.run", reached),
+        mock.patch("tracer.pipeline.record.Recorder.run", reached),
         mock.patch("tracer.repro.Experiment.run", reached),
         mock.patch("tracer.agent.run.Agent", reached),
         mock.patch("tracer.postmortem.gather.gather", reached),
