@@ -152,7 +152,8 @@ struct {
 #define UNLIMITED_PAGES (1ULL << 40)
 /* Default-terminating signals worth attributing an exit to (signal(7) "Term" and "Core"):
  * HUP INT QUIT ILL TRAP ABRT BUS FPE KILL USR1 SEGV USR2 PIPE ALRM TERM STKFLT XCPU XFSZ VTALRM
- * PROF IO PWR SYS. SIGCHLD, SIGCONT, stop and tty signals are not. */
+ * PROF IO PWR SYS, and the real-time signals 32..64 (WR_SIGRTMIN_KERNEL). SIGCHLD, SIGCONT, stop
+ * and tty signals are not. */
 #define FATAL_SIGNALS                                                                           \
 	((1ULL << 1) | (1ULL << 2) | (1ULL << 3) | (1ULL << 4) | (1ULL << 5) | (1ULL << 6) |     \
 	 (1ULL << 7) | (1ULL << 8) | (1ULL << 9) | (1ULL << 10) | (1ULL << 11) | (1ULL << 12) | \
@@ -442,15 +443,18 @@ int exit_tp_dedup(void *ctx)
  * Signals whose default is not to end the process (SIGURG, SIGCHLD, SIGCONT, SIGWINCH, the
  * stop signals) are counted too: what a watched process received is all accounted for.
  *
- * What is sent (tracer/analysis/rules.py reads a signal only when its number is the one the
- * process died of, or as a stop's SIGTERM before its SIGKILL):
+ * What is sent (tracer/analysis/rules.py reads a signal when its number is the one the process
+ * died of, as a stop's SIGTERM before its SIGKILL, or as the signal N a handled stop's exit
+ * 128 + N answers):
  * - SIGKILL, always (it can be neither handled nor ignored; the OOM killer's and a
  *   redundant one after the first alike: senders.fatal_signal picks the delivered one);
  * - a signal the kernel did not drop (result != TRACE_SIGNAL_IGNORED: SIG_IGN, or a target
  *   already exiting, prepare_signal()) whose action in the target is SIG_DFL: the kernel
  *   ends the process with it (complete_signal());
- * - a handled SIGHUP/SIGINT/SIGQUIT/SIGTERM sent by another process: the stop a graceful
- *   exit answers (systemd, kubelet, runc kill), and the one a Go program (whose runtime
+ * - a handled or ignored signal sent by another process: the stop a graceful exit answers
+ *   (systemd, kubelet, runc kill, a STOPSIGNAL of any number; rules.handled_stop reads the
+ *   exit 128 + N after it), the SIGTERM a process ignores before its grace runs out and the
+ *   SIGKILL comes (rules: "SIGTERM, then SIGKILL"), and the one a Go program (whose runtime
  *   handles them all) re-raises with SIG_DFL to die of; the re-raise names the process
  *   itself, so only this record names who stopped it;
  * - a handled fault the kernel raised (si_code > 0: SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP,
@@ -459,8 +463,11 @@ int exit_tp_dedup(void *ctx)
  * The last two are capped at HANDLED_PER_SECOND per (process, signal) a second
  * (handled_seen): a loop of them (a JVM's safepoint SIGSEGVs, a hostile sender) costs a few
  * records a second, never the ring.
+ * What a process sends itself or the kernel raises in its context, handled or ignored, is only
+ * counted (CPython's SIGPIPE on EPIPE, send_sig(SIGPIPE, current); an itimer's SIGPROF).
  * On the classic tracepoint (kernels without tp_btf, < 5.5) the target's task is only known
- * when the sender is the target itself, so elsewhere only the IGNORED filter applies there.
+ * when the sender is the target itself: another sender's signal is sent there unless the
+ * kernel dropped it (IGNORED), capped then.
  */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -482,10 +489,13 @@ struct {
 } handled_seen SEC(".maps");
 
 #define HANDLED_PER_SECOND 8
+/* Real-time signals, 32..64 (the kernel's SIGRTMIN is 32; glibc keeps 32 and 33 for itself and
+ * handles them): their default action ends the process (signal(7)), so one a process leaves at
+ * SIG_DFL explains its death like any other; the handled ones are counted like any other. */
+#define WR_SIGRTMIN_KERNEL 32
 #define WR_PF_EXITING 0x00000004 /* include/linux/sched.h, the same bit since 2.6 */
 #define WR_SIG_IGN 1 /* include/uapi/asm-generic/signal-defs.h: SIG_DFL 0, SIG_IGN 1 */
 #define WR_TRACE_SIGNAL_IGNORED 1
-#define STOP_SIGNALS ((1ULL << 1) | (1ULL << 2) | (1ULL << 3) | (1ULL << 15))
 /* ILL TRAP BUS FPE SEGV SYS */
 #define FAULT_SIGNALS ((1ULL << 4) | (1ULL << 5) | (1ULL << 7) | (1ULL << 8) | (1ULL << 11) | \
 		       (1ULL << 31))
@@ -524,10 +534,13 @@ static __always_inline bool signal_matters(int sig, int si_code, int result,
 	struct sighand_struct *sh;
 	unsigned long handler = 0;
 
+	bool from_other;
+
 	if (sig == 9)
 		return true;
+	from_other = BPF_CORE_READ(cur, tgid) != tgid;
 	if (result == WR_TRACE_SIGNAL_IGNORED)
-		return false;
+		return from_other && handled_allowed(tgid, sig);
 	if (!target)
 		return true; /* (classic tracepoint, another task: its disposition is unknown) */
 	sh = BPF_CORE_READ(target, sighand);
@@ -535,11 +548,11 @@ static __always_inline bool signal_matters(int sig, int si_code, int result,
 		return true; /* (unreadable: send, as before) */
 	if (handler == 0)
 		return true; /* SIG_DFL */
+	if (from_other)
+		return handled_allowed(tgid, sig);
 	if (handler == WR_SIG_IGN)
 		return false;
-	if ((STOP_SIGNALS >> sig) & 1)
-		return BPF_CORE_READ(cur, tgid) != tgid && handled_allowed(tgid, sig);
-	if (((FAULT_SIGNALS >> sig) & 1) && si_code > 0)
+	if (sig < 64 && ((FAULT_SIGNALS >> sig) & 1) && si_code > 0)
 		return handled_allowed(tgid, sig);
 	return false;
 }
@@ -552,7 +565,8 @@ static __always_inline int handle_signal(int sig, int si_code, struct task_struc
 	struct wr_signal *e;
 	__u32 tgid;
 
-	if (sig <= 0 || sig >= 64)
+	/* (_NSIG is 64: SIGRTMAX is a signal too) */
+	if (sig <= 0 || sig > 64)
 		return 0;
 	/* the classic tracepoint names the target by thread id only: the sender's own thread
 	 * (a fault, abort()) is a task we have */
@@ -568,7 +582,7 @@ static __always_inline int handle_signal(int sig, int si_code, struct task_struc
 		    (!cfg.filter_all && !bpf_map_lookup_elem(&watched_pids, &tgid)))
 			return 0;
 	}
-	if (!((FATAL_SIGNALS >> sig) & 1) ||
+	if (!(sig >= WR_SIGRTMIN_KERNEL || ((FATAL_SIGNALS >> (sig & 63)) & 1)) ||
 	    !signal_matters(sig, si_code, result, target, tgid, cur)) {
 		count_unsent(sig);
 		return 0;

@@ -44,3 +44,18 @@ def test_a_parent_death_signal_is_named_and_the_sender_is_the_process(tmp_path: 
     assert kill.sender_exiting and kill.sender_comm != "wr-sig-worker", kill
     [v] = [v for v in res.verdicts if v.pid == child.pid]
     assert v.cause == "signal_kill" and "PR_SET_PDEATHSIG" in v.summary, v.summary
+
+
+def test_a_real_time_signal_that_kills_names_its_sender(tmp_path: Path) -> None:
+    # (default action Term, as for SIGRTMAX = 64, which the kernel side once dropped)
+    script = (
+        "import os, signal, subprocess, sys\n"
+        "for n in (signal.SIGRTMIN + 3, signal.SIGRTMAX):\n"
+        "    p = subprocess.Popen(['sleep', '30'])\n"
+        "    os.kill(p.pid, n)\n"
+        "    p.wait()\n"
+    )
+    res = record(tmp_path, [sys.executable, "-c", script])
+    deaths = [v for v in res.verdicts if v.comm == "sleep"]
+    assert [v.signal for v in deaths] == [f"SIG{signal.SIGRTMIN + 3}", "SIGRTMAX"]
+    assert all(v.cause == "signal_kill" and v.sender_comm.startswith("python") for v in deaths)

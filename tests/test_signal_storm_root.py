@@ -3,7 +3,8 @@
 A process that handles SIGUSR1 and ignores SIGPIPE takes a paced storm of both (~50,000/s from
 a small C sender: Python's os.kill does not reach that rate) while three cgroup OOM kills run
 beside it, all under `whyrestart agent`. The kernel counts the storm instead of sending it
-(whyrestart_signals_unrecorded_total), nothing is lost, each OOM kill is judged, and the
+(whyrestart_signals_unrecorded_total; a handled or ignored signal from another process is sent
+at most 8 times a second), nothing is lost, each OOM kill is judged, and the
 handled SIGTERM that ends the receiver (its handler re-raises it with SIG_DFL, as Go's runtime
 does) still names the process that sent it."""
 
@@ -160,7 +161,7 @@ def test_a_handled_signal_storm_costs_no_record_and_loses_no_oom_kill(
         while time.monotonic() < deadline:
             text = agent.metrics()
             counted = _samples(text, "whyrestart_signals_unrecorded_total")
-            if counted.get((("signal", "SIGPIPE"),), 0) >= pipe:
+            if counted.get((("signal", "SIGPIPE"),), 0) >= pipe - 8 * (seconds + 2):
                 break
             time.sleep(0.5)
         code, _ = agent.stop()
@@ -175,17 +176,14 @@ def test_a_handled_signal_storm_costs_no_record_and_loses_no_oom_kill(
     assert _samples(text, "whyrestart_events_lost_total") == {(): 0.0}
     kills = ours()
     assert len(kills) == OOM_KILLS and {k["confidence"] for k in kills} == {"high"}, kills
-    # ... and not recorded: the agent's segments hold no SIGUSR1 or SIGPIPE to the receiver
-    stormed = 0
+    # ... and not recorded: sent by another process (a stop of any number may be one, and a
+    # stop's ignored SIGTERM is part of the stop), at most 8 of each a second
+    stormed = {signal.SIGUSR1: 0, signal.SIGPIPE: 0}
     for seg in sorted((agent_state / "segments").glob("*.trace*")):
-        stormed += sum(
-            1
-            for ev in read_trace(str(seg)).events
-            if isinstance(ev, Signal)
-            and ev.target_pid == recv.pid
-            and ev.sig in (signal.SIGUSR1, signal.SIGPIPE)
-        )
-    assert stormed == 0, f"{stormed} of the storm's {usr1 + pipe} signals were recorded"
+        for ev in read_trace(str(seg)).events:
+            if isinstance(ev, Signal) and ev.target_pid == recv.pid and ev.sig in stormed:
+                stormed[signal.Signals(ev.sig)] += 1
+    assert max(stormed.values()) <= 8 * (seconds + 2), f"{stormed} of {usr1 + pipe} recorded"
     # the handled SIGTERM from this process is still what names who stopped the receiver
     [death] = stopped()
     verdict = death["verdict"]
@@ -193,8 +191,8 @@ def test_a_handled_signal_storm_costs_no_record_and_loses_no_oom_kill(
     assert verdict["sender_pid"] == os.getpid(), verdict  # type: ignore[index]
     # the storm was counted in the kernel (other processes on the host may add to the counts)
     unrecorded = _samples(text, "whyrestart_signals_unrecorded_total")
-    assert unrecorded.get((("signal", "SIGUSR1"),), 0) >= usr1, unrecorded
-    assert unrecorded.get((("signal", "SIGPIPE"),), 0) >= pipe, unrecorded
+    assert unrecorded.get((("signal", "SIGUSR1"),), 0) >= usr1 - stormed[signal.SIGUSR1]
+    assert unrecorded.get((("signal", "SIGPIPE"),), 0) >= pipe - stormed[signal.SIGPIPE]
 
 
 # Faults FAULTS times under its own SIGSEGV handler (siglongjmp back out of each), as a JVM's
