@@ -981,7 +981,7 @@ def kernel_kill(v: ExitView, last: Signal, disagree: tuple[str, ...]) -> Finding
         LOW,
         summary,
         advice,
-        tuple(sorted([kill_ev, v.exit_ev, *((x.ts, say.lost_records(x.count)) for x in lost)])),
+        tuple(sorted([kill_ev, v.exit_ev, *((x.ts, say.lost_evidence(x.count)) for x in lost)])),
         disagreements=disagree,
         sender_role=senders.ROLE_KERNEL,
     )

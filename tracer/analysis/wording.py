@@ -321,8 +321,25 @@ def unexplained_kernel_kill_text(lost: int) -> tuple[str, str]:
     )
 
 
+# a stall's kind (ReclaimStall.kind, tracer.analysis.quantities.STALL_KINDS) in words
+_STALL_WORDS = {
+    "memcg": "reclaim",
+    "direct": "host direct reclaim",
+    "high": "memory.high throttling",
+}
+
+
+def stall_kind(kind: str) -> str:
+    return _STALL_WORDS.get(kind, kind)
+
+
 def lost_records(n: int) -> str:
-    return f"{n} records lost (ring buffer full): evidence may be missing"
+    """Records the kernel could not hand over, worded once for every output."""
+    return f"{n} records lost (the ring buffer was full)"
+
+
+def lost_evidence(n: int) -> str:
+    return f"{lost_records(n)}: evidence may be missing"
 
 
 def oom_reported_yet_sent(name: str, sender_pid: int, sender_comm: str) -> str:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from tracer.analysis.analyzer import Analyzer, Restart, Verdict, describe_status
 from tracer.analysis.quantities import fmt_bytes
+from tracer.analysis.wording import lost_records
 from tracer.events import (
     SI_KERNEL,
     CgroupInfo,
@@ -403,7 +404,7 @@ class _Builder:
             )
         elif isinstance(ev, Lost):
             self.host.markers.append(
-                Marker(ev.ts, LOST, f"lost {ev.count}", f"{ev.count} events lost (ring full)")
+                Marker(ev.ts, LOST, f"lost {ev.count}", lost_records(ev.count))
             )
 
     # -- grouping ------------------------------------------------------------------------------
