@@ -3,13 +3,13 @@
  * whyrestart's kernel side: process exits, fatal signals, OOM kills and process lifecycle,
  * streamed through one BPF ring buffer as the records defined in events.h.
  *
- * Every hook has a fallback ladder (DESIGN.md). The rungs of one hook are twin programs that
+ * Every hook has a fallback ladder (ARCHITECTURE.md, "Hook ladders"). The rungs of one hook are twin programs that
  * call one shared __always_inline handler; all twins are loaded, and user space
  * (tracer/bpf/hooks.py) attaches the best one that works on this kernel. Filtering happens here,
  * before a record is reserved: only watched processes (a pid map filled from the recorded
  * command's forks, plus a cgroup map) cost a ring-buffer slot.
  *
- * Wake-ups, not decoding, dominate a ring-buffer consumer's cost (DESIGN.md, performance notes),
+ * Wake-ups, not decoding, dominate a ring-buffer consumer's cost (ARCHITECTURE.md, "Wake-ups cost"),
  * so bulk records are submitted with BPF_RB_NO_WAKEUP and user space drains the ring on a 10 ms
  * timer; an OOM kill forces a wake-up so that a live tail shows it at once.
  */
@@ -45,7 +45,7 @@ struct wr_btf_anchor {
 struct wr_btf_anchor wr_btf_anchor __attribute__((used));
 
 /* 2 MiB: a 256 KiB ring dropped 2-8% of a 10k exits/s storm when the consumer shared a core
- * with it; 4 MiB dropped nothing (DESIGN.md). 2 MiB holds ~26,000 exit records: 2 s of a
+ * with it; 4 MiB dropped nothing (ARCHITECTURE.md). 2 MiB holds ~26,000 exit records: 2 s of a
  * 12k exits/s storm, 0.4 s at 50,000 signals/s, against a consumer that drains every 10 ms;
  * the bench loses nothing with it either, and the ring is mapped twice, so its size counts
  * double in the recorder's RSS (4 MiB was 8 MB of a 50 MB budget). */

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tracer.record import Recorder, RecordResult, Targets
+from tracer.pipeline.record import Recorder, RecordResult, Targets
 
 
 def record(tmp_path: Path, argv: list[str], name: str = "t.trace") -> RecordResult:
@@ -24,10 +24,14 @@ def record_while(
 ) -> RecordResult:
     """Record --container while ``action`` drives it (no container: only ``targets``, a pod's
     ``cgroups`` as --pod gives them); stop once it is done (or after ``duration`` seconds)."""
+    ready = threading.Event()
     containers = [container] if container else []
     rec = Recorder(
-        str(tmp_path / "c.trace"), Targets(containers=containers, **targets), duration=duration
-    )  # type: ignore[arg-type]
+        str(tmp_path / "c.trace"),
+        Targets(containers=containers, **targets),  # type: ignore[arg-type]
+        duration=duration,
+        on_ready=ready.set,
+    )
     out: dict[str, RecordResult] = {}
     errors: list[BaseException] = []
 
@@ -40,9 +44,9 @@ def record_while(
     t = threading.Thread(target=run)
     t.start()
     try:
-        while rec.header is None and t.is_alive():  # attached and writing
-            time.sleep(0.05)
-        if t.is_alive():
+        while not ready.wait(0.05) and t.is_alive():  # attached, every source reading
+            pass
+        if ready.is_set():
             action()
             time.sleep(1.5)  # let the last exit settle
     finally:

@@ -7,7 +7,7 @@ import dataclasses
 import signal as _signal
 from typing import Any
 
-from tracer.analysis.verdicts import Analyzer, Verdict
+from tracer.analysis.analyzer import Analyzer, Verdict
 from tracer.events import (
     SI_KERNEL,
     SI_USER,

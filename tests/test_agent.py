@@ -21,9 +21,9 @@ from tracer.agent.metrics import Metrics
 from tracer.agent.otel import log_record
 from tracer.agent.segments import SegmentSink, parse_segment_name
 from tracer.agent.state import StateDir
+from tracer.analysis.analyzer import Analyzer
 from tracer.analysis.findings import Verdict
 from tracer.analysis.units import label_parts
-from tracer.analysis.verdicts import Analyzer
 from tracer.cli import main
 from tracer.errors import UsageError
 from tracer.trace import writer as writer_mod

@@ -187,7 +187,7 @@ def _stubbed() -> Iterator[None]:
     cwd = os.getcwd()
     os.chdir(_SCRATCH)
     with (
-        mock.patch("tracer.record.Recorder.run", reached),
+        mock.patch("tracer.pipeline.record.Recorder.run", reached),
         mock.patch("tracer.repro.Experiment.run", reached),
         mock.patch("tracer.agent.run.Agent", reached),
         mock.patch("tracer.postmortem.gather.gather", reached),

@@ -102,3 +102,21 @@ def test_alerting_rules_pass_promtool() -> None:
     )
     assert res.returncode == 0, res.stdout + res.stderr
     assert "SUCCESS: 4 rules found" in res.stdout
+
+
+def test_orchestrators_wait_for_the_agents_readiness() -> None:
+    """Kubernetes probes /readyz (tracer/agent/serve.py), systemd waits for READY=1
+    (tracer/agent/sdnotify.py): neither counts the agent up before its hooks are attached."""
+    from tracer.agent.serve import READY_PATH
+
+    ds = next(d for d in _docs() if d["kind"] == "DaemonSet")
+    [c] = ds["spec"]["template"]["spec"]["containers"]
+    probe = c["readinessProbe"]["httpGet"]
+    assert probe["path"] == READY_PATH
+    [port] = [p for p in c["ports"] if p["name"] == probe["port"]]
+    assert f"--metrics-addr=0.0.0.0:{port['containerPort']}" in c["args"]
+    text = UNIT.read_text()
+    assert re.findall(r"^Type=(.*)$", text, re.M) == ["notify"]
+    # (the notify socket is AF_UNIX: the unit's address families must allow it)
+    [families] = re.findall(r"^RestrictAddressFamilies=(.*)$", text, re.M)
+    assert "AF_UNIX" in families.split()

@@ -21,8 +21,8 @@ from tests.mt.program import the_program
 from tests.recording import record_while, wait_for
 from tracer.cli import main
 from tracer.events import ProbeSample
-from tracer.record import RecordResult
-from tracer.render import Clock, verdict_table
+from tracer.outputs.text import Clock, verdict_table
+from tracer.pipeline.record import RecordResult
 from tracer.trace.reader import read_trace
 
 pytestmark = pytest.mark.root

@@ -29,7 +29,7 @@ from tests.recording import record
 from tests.workloads import cache_churn, in_cgroup
 from tracer.analysis.findings import Verdict
 from tracer.events import Event, Exit, OomKill, Signal
-from tracer.record import Recorder, RecordResult, Targets
+from tracer.pipeline.record import Recorder, RecordResult, Targets
 from tracer.sources.cgroupfs import CgroupLayout, ChildCgroup
 from tracer.trace.reader import read_trace
 
@@ -398,7 +398,7 @@ def following_hooks(layout: CgroupLayout) -> KernelHooks:
     """The BPF object set to watch and follow cgroups (stall reports off), not yet attached."""
     from tracer.bpf import hooks
     from tracer.bpf import layout as bpf_layout
-    from tracer.record import memory_hierarchy_id
+    from tracer.pipeline.record import memory_hierarchy_id
 
     config = bpf_layout.WrConfig(
         self_tgid=os.getpid(),

@@ -30,7 +30,7 @@ from tracer.clock import boottime_ns
 from tracer.events import Event, Exit, GpuAllocFailure, GpuCallFailure, GpuLibrary, GpuOomRecovered
 from tracer.gpu import holdguard
 from tracer.gpu.side import GpuSide
-from tracer.record import Recorder, RecordResult, Targets
+from tracer.pipeline.record import Recorder, RecordResult, Targets
 from tracer.trace.reader import read_trace
 
 pytestmark = [

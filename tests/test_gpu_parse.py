@@ -18,7 +18,7 @@ from tracer.bpf import gpuhooks, layout
 from tracer.bpf.decode import Decoder
 from tracer.events import GpuAllocFailure, GpuCallFailure, GpuLost, GpuOomRecovered, GpuXid
 from tracer.gpu import libcuda
-from tracer.parse import elf, xid
+from tracer.parse import cuda, elf, xid
 from tracer.parse import libcuda as parse_libcuda
 from tracer.parse.kmsg import parse_record
 
@@ -228,7 +228,7 @@ def _readelf_offsets(path: Path, names: tuple[str, ...]) -> dict[str, int]:
 @pytest.mark.skipif(shutil.which("readelf") is None, reason="readelf (binutils) not installed")
 def test_symbol_offsets_agree_with_binutils(tmp_path: Path) -> None:
     lib = build.libcuda(tmp_path)
-    names = (*libcuda.ALLOC_FUNCTIONS, *libcuda.FREE_FUNCTIONS, "cuInit", "cuNoSuchThing")
+    names = (*cuda.ALLOC_FUNCTIONS, *cuda.FREE_FUNCTIONS, "cuInit", "cuNoSuchThing")
     mine = gpuhooks.read_symbol_offsets(str(lib), names)
     assert set(mine) == set(names) - {"cuNoSuchThing"}
     assert mine == _readelf_offsets(lib, names)
@@ -328,21 +328,19 @@ def test_decode_unknown_function_and_short_record() -> None:
 
 
 def test_every_function_number_has_a_probe_program() -> None:
-    assert set(layout.GPU_FUNCS.values()) == {*libcuda.ALLOC_FUNCTIONS, *libcuda.INIT_FUNCTIONS}
+    assert set(layout.GPU_FUNCS.values()) == {*cuda.ALLOC_FUNCTIONS, *cuda.INIT_FUNCTIONS}
     # the frees first: they are attached before the allocations
     assert tuple(gpuhooks.PROGRAMS) == (
-        libcuda.FREE_FUNCTIONS + libcuda.ALLOC_FUNCTIONS + libcuda.INIT_FUNCTIONS
+        cuda.FREE_FUNCTIONS + cuda.ALLOC_FUNCTIONS + cuda.INIT_FUNCTIONS
     )
-    assert all(
-        ret is None for f, (_, ret) in gpuhooks.PROGRAMS.items() if f in libcuda.FREE_FUNCTIONS
-    )
+    assert all(ret is None for f, (_, ret) in gpuhooks.PROGRAMS.items() if f in cuda.FREE_FUNCTIONS)
     assert all(
         e is not None and re.fullmatch(r"mem_\w+", e)
         for f, (e, _) in gpuhooks.PROGRAMS.items()
-        if f not in libcuda.INIT_FUNCTIONS
+        if f not in cuda.INIT_FUNCTIONS
     )
     # CUDA starting: only the result matters, a return probe alone
-    assert all(gpuhooks.PROGRAMS[f][0] is None for f in libcuda.INIT_FUNCTIONS)
+    assert all(gpuhooks.PROGRAMS[f][0] is None for f in cuda.INIT_FUNCTIONS)
 
 
 def test_decode_call_failure() -> None:

@@ -20,8 +20,7 @@ import pytest
 from tests.gpu import build
 from tracer.bpf import gpuhooks
 from tracer.events import Event, Exit, GpuAllocFailure, GpuCallFailure, GpuLibrary
-from tracer.gpu import libcuda
-from tracer.record import Recorder, RecordResult, Targets
+from tracer.pipeline.record import Recorder, RecordResult, Targets
 from tracer.trace.reader import read_trace
 
 LIBCUDA_DIR = build.real_libcuda_dir()
@@ -149,17 +148,17 @@ def test_libcuda_lists_match_the_real_header(cudart: Path) -> None:
     """The CUresult names are cuda.h's (the runtime wheel ships the driver's header)."""
     import re
 
-    from tracer.gpu import curesult
+    from tracer.parse import cuda
 
     header = (cudart.parent / "include" / "cuda.h").read_text()
     codes = {
         int(m.group(2)): m.group(1)
         for m in re.finditer(r"^\s+(CUDA_(?:SUCCESS|ERROR_\w+))\s+=\s+(\d+)", header, re.M)
     }
-    assert {k: codes[k] for k in curesult.NAMES} == curesult.NAMES
+    assert {k: codes[k] for k in cuda.NAMES} == cuda.NAMES
     # and every probed entry point is declared there under that very name (but the one that
     # came after this 12.2 header: cuCtxCreate_v4, CUDA 12.5)
-    for name in (*libcuda.ALLOC_FUNCTIONS, *libcuda.FREE_FUNCTIONS, *libcuda.INIT_FUNCTIONS):
+    for name in (*cuda.ALLOC_FUNCTIONS, *cuda.FREE_FUNCTIONS, *cuda.INIT_FUNCTIONS):
         if name == "cuCtxCreate_v4":
             continue
         base = name.removesuffix("_ptsz")

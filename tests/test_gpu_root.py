@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.gpu import build
-from tracer.analysis.verdicts import Analyzer, Verdict
+from tracer.analysis.analyzer import Analyzer, Verdict
 from tracer.bpf import layout
 from tracer.bpf.decode import Decoder
 from tracer.bpf.gpuhooks import GpuHooks
@@ -33,8 +33,8 @@ from tracer.events import (
     GpuOomRecovered,
     GpuXid,
 )
-from tracer.gpu import libcuda
-from tracer.record import Recorder, RecordResult, Targets
+from tracer.parse import cuda
+from tracer.pipeline.record import Recorder, RecordResult, Targets
 from tracer.trace.reader import read_trace
 
 pytestmark = [
@@ -43,7 +43,7 @@ pytestmark = [
 ]
 
 MiB = 1 << 20
-ALL_PROBED = ",".join((*libcuda.FREE_FUNCTIONS, *libcuda.ALLOC_FUNCTIONS, *libcuda.INIT_FUNCTIONS))
+ALL_PROBED = ",".join((*cuda.FREE_FUNCTIONS, *cuda.ALLOC_FUNCTIONS, *cuda.INIT_FUNCTIONS))
 
 
 @dataclass(frozen=True)
@@ -207,7 +207,7 @@ def test_every_entry_point_is_caught_once_and_replay_agrees(
     assert ex.wait.code == 3  # the workload checked every call returned what it should
     fails = of(GpuAllocFailure, events)
     assert [f.function for f in fails if isinstance(f, GpuAllocFailure)] == list(
-        libcuda.ALLOC_FUNCTIONS
+        cuda.ALLOC_FUNCTIONS
     )
     # one success per entry point (8 MiB held at the peak), all freed by the matching frees,
     # then 2 MiB held; each refused 15 MiB (the pitch request is width * height)

@@ -28,7 +28,7 @@ from tests.streams import (
     xid,
 )
 from tracer.analysis import gpu as gpu_rules
-from tracer.analysis.verdicts import DEVICE_RESET, GPU_OOM
+from tracer.analysis.analyzer import DEVICE_RESET, GPU_OOM
 from tracer.events import SI_TKILL, Event, from_record
 
 

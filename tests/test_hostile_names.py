@@ -174,9 +174,9 @@ def test_export_keeps_exact_values(trace: Path, tmp_path: Path) -> None:
 
 
 def test_tail_lines_and_status_are_escaped(trace: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from tracer.analysis.pressure import TailLine
     from tracer.cli import _status_printer, _tail_printer
-    from tracer.render import Clock
+    from tracer.outputs.tail import TailLine
+    from tracer.outputs.text import Clock
 
     show = _tail_printer([Clock(0, None)], False)
     show([TailLine(ts=1, severity="crit", text=f"pid 1 ({TITLE}) {FORGE}")])

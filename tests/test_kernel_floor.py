@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from tracer import cli
 from tracer.errors import KernelUnsupported
-from tracer.record import preflight
+from tracer.pipeline.record import preflight
 from tracer.sources import system
 
 

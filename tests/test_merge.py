@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tracer.events import Lost
-from tracer.merge import Reorder
+from tracer.pipeline.reorder import Reorder
 
 
 def ev(ts: int) -> Lost:

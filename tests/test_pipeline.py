@@ -8,10 +8,10 @@ from types import SimpleNamespace
 import pytest
 
 from tracer.events import Event, Exit, GpuXid, Lost, ProbeSample
-from tracer.merge import DEFAULT_WINDOW_NS
 from tracer.parse.kmsg import KmsgRecord
 from tracer.pipeline import sources
 from tracer.pipeline.core import HeaderPart, Pipeline, header_parts
+from tracer.pipeline.reorder import DEFAULT_WINDOW_NS
 from tracer.pipeline.sources import KmsgSource, ProbeResultsSource
 from tracer.sources.kmsg import KmsgReader
 from tracer.sources.probes import ProbeResult

@@ -22,7 +22,7 @@ from tests.mt.program import the_program
 from tests.podmanimg import busybox_image, podman, run_detached
 from tests.recording import record_while, wait_for
 from tracer.events import OomKill, ProbeSample
-from tracer.record import Recorder, Targets
+from tracer.pipeline.record import Recorder, Targets
 from tracer.trace.reader import read_trace
 
 pytestmark = pytest.mark.root

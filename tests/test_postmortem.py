@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from tests.containers import podman_container, systemd_unit
-from tracer.analysis.verdicts import Analyzer, Verdict
+from tracer.analysis.analyzer import Analyzer, Verdict
 from tracer.cli import main, postmortem_header
 from tracer.clock import monotonic_to_boottime, parse_rfc3339_ns, wall_to_boottime
 from tracer.errors import UsageError

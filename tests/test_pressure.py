@@ -7,8 +7,7 @@ from typing import Any
 
 from tests import streams
 from tests.streams import MiB, cgroup, host, killed, oom, reclaim, t
-from tracer.analysis.pressure import MAX_STALL_LINES, PressureFeed, TailLine
-from tracer.analysis.verdicts import Analyzer
+from tracer.analysis.analyzer import Analyzer
 from tracer.events import (
     CgroupSample,
     EffectiveLimit,
@@ -16,6 +15,7 @@ from tracer.events import (
     ReclaimStall,
     ReclaimSummary,
 )
+from tracer.outputs.tail import MAX_STALL_LINES, PressureFeed, TailLine
 
 
 def stall(at: float, ms: float, cg: int = 20) -> ReclaimStall:
@@ -137,7 +137,7 @@ def test_stall_time_counts_each_kernel_summary_whole() -> None:
 
 
 def _verdict(at: float, pid: int, code: int = 0, main: bool = False) -> Any:
-    from tracer.analysis.verdicts import Verdict
+    from tracer.analysis.analyzer import Verdict
 
     return Verdict(
         ts=t(at), pid=pid, comm="cat", cause="app_exit", confidence="high",

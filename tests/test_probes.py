@@ -19,11 +19,11 @@ import pytest
 
 from tests.serving import serving
 from tracer.errors import UsageError
+from tracer.parse.values import parse_duration
 from tracer.sources.probes import (
     Prober,
     ProbeResult,
     ProbeSpec,
-    parse_duration,
     parse_probe,
     run_probe,
 )

@@ -13,9 +13,10 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
-from tracer.analysis.verdicts import Verdict
+from tracer.analysis.analyzer import Verdict
 from tracer.cli import main
 from tracer.errors import UsageError
+from tracer.parse.values import parse_size
 from tracer.repro import (
     FAILED,
     KILLED,
@@ -33,7 +34,6 @@ from tracer.repro import (
     in_cgroup,
     judge,
     make_plan,
-    parse_size,
 )
 
 MiB = 1024 * 1024

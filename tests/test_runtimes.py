@@ -463,7 +463,7 @@ def test_container_error_names_the_dead_daemon(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from tracer.errors import UsageError
-    from tracer.follow import Follower
+    from tracer.pipeline.follow import Follower
 
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/gone.sock")
     with pytest.raises(UsageError) as err:
@@ -571,7 +571,7 @@ def test_unit_followed_across_restarts_with_systemds_count(tmp_path: Path) -> No
     processes get, and execs in it are the unit's own, never health checks."""
     from tracer.errors import UsageError
     from tracer.events import CgroupMkdir, Exec
-    from tracer.follow import Follower
+    from tracer.pipeline.follow import Follower
 
     systemctl = _fake_cli(
         tmp_path,
@@ -694,7 +694,7 @@ def test_containers_seen_only_being_created_are_not_polled() -> None:
     """cgroup_mkdir is reported for every cgroup on the host while containers are followed:
     another user's container is named, but its restart count is polled only once a process
     of ours runs in it (it stayed out of the recording's restart counts)."""
-    from tracer.follow import Follower
+    from tracer.pipeline.follow import Follower
 
     rt = _MemRuntime()
     mine, theirs = "a" * 64, "b" * 64
@@ -719,7 +719,7 @@ def test_a_cgroup_seen_being_created_takes_its_main_process_from_the_kernel() ->
     not name the main process of the cgroup just made (its real main process then looked
     exec'd in: a main exit and a restart link went missing). A cgroup that was there before
     (named by a process event) still takes the runtime's pid."""
-    from tracer.follow import Follower
+    from tracer.pipeline.follow import Follower
 
     rt = _MemRuntime()
     cid = "a" * 64
@@ -736,7 +736,7 @@ def test_a_runtimes_late_answer_about_a_recreated_cgroup_names_no_main_process()
     """The runtime answers a moment after the cgroup was seen (a run OOM-killed within 100 ms
     of its start): when the path holds a new cgroup by then, the pid it gives is the next run's
     and must not be this cgroup's main process."""
-    from tracer.follow import Follower
+    from tracer.pipeline.follow import Follower
 
     rt = _MemRuntime()
     cid = "a" * 64

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tracer.events import Exit, Fork
-from tracer.record import Recorder, RecordResult, Targets
+from tracer.pipeline.record import Recorder, RecordResult, Targets
 from tracer.trace.reader import read_trace
 
 pytestmark = pytest.mark.root

@@ -17,7 +17,7 @@ import pytest
 
 from tests.mt.program import the_program
 from tracer.events import ProbeSample
-from tracer.record import Recorder, RecordResult, Targets
+from tracer.pipeline.record import Recorder, RecordResult, Targets
 from tracer.sources.probes import parse_probe
 from tracer.trace.reader import read_trace
 
@@ -91,7 +91,7 @@ def record_supervised(
         (tmp_path / "server.py").write_text(SERVER)
         server = [sys.executable, str(tmp_path / "server.py")]
     (tmp_path / "supervisor.py").write_text(SUPERVISOR)
-    from tracer.follow import ProbeSetup
+    from tracer.pipeline.follow import ProbeSetup
 
     probes = ProbeSetup([parse_probe(f"http://127.0.0.1:{port}/health")], 0.3, 0.3)
     argv = [sys.executable, str(tmp_path / "supervisor.py"), str(port), str(hang), *server]

@@ -25,7 +25,7 @@ from tests.streams import (
     sent,
 )
 from tracer.analysis import senders
-from tracer.analysis.verdicts import Analyzer, Verdict
+from tracer.analysis.analyzer import Analyzer, Verdict
 from tracer.events import Event, HostSample, Signal
 
 

@@ -34,7 +34,7 @@ from tests.streams import (
     t,
     unit_info,
 )
-from tracer.analysis.verdicts import Analyzer, Verdict
+from tracer.analysis.analyzer import Analyzer, Verdict
 from tracer.events import Event, Exec
 
 GiB = 1024 * MiB
@@ -118,7 +118,7 @@ def test_a_self_sent_sigkill_is_not_called_abort() -> None:
 
 def test_an_offset_before_the_start_has_one_sign() -> None:
     """Finding 7: negative offsets printed as "+-0.008s"."""
-    from tracer.render import Clock
+    from tracer.outputs.text import Clock
 
     clock = Clock(10_000_000_000, None)
     assert clock.rel(9_992_000_000) == "-0.008s"
@@ -544,7 +544,7 @@ def test_samples_delayed_within_their_interval_give_the_same_verdicts(ms: list[i
 def test_an_exit_is_judged_in_the_first_round_a_settle_past_it() -> None:
     """Late evidence may arrive for SETTLE_NS after an exit; verdicts are then reached in rounds
     of stream time: never before the settle, at most a round (and an event) after it."""
-    from tracer.analysis.verdicts import ROUND_NS, SETTLE_NS
+    from tracer.analysis.analyzer import ROUND_NS, SETTLE_NS
 
     a = Analyzer()
     assert a.feed(exit_code(1.0, 100, 3)) == []
@@ -593,7 +593,7 @@ def _busy_stream(n: int) -> list[Event]:
 
 
 def test_unread_verdicts_are_counted_not_built_with_the_same_outcome() -> None:
-    from tracer.analysis import verdicts as vmod
+    from tracer.analysis import analyzer as vmod
 
     events = _busy_stream(vmod.MAX_KEPT + vmod.MAX_CLEAN_KEPT + 2000)
     every, lean = Analyzer(every_verdict=True), Analyzer(every_verdict=False)
@@ -844,3 +844,43 @@ def test_the_kernel_logs_rss_is_not_called_the_cgroups_memory() -> None:
     assert memory_at_kill(stat, fmt_bytes) == (
         "the cgroup's memory at the kill (memory.stat): anon 6.0 GiB, file 1.0 GiB"
     )
+
+
+# -- a kill at the limit is a lower bound of the need (issue 29) ---------------------------------
+
+
+def _oom_at_limit(*probes: Event, usage: int = 64 * MiB) -> Verdict:
+    """A podman container's main process OOM-killed at its 64 MiB limit at 2 s."""
+    return one(
+        *container_stream(100, 0.0),
+        *probes,
+        oom(2.0, 100, limit_cgroup=50, usage=usage, victim_cg=50),
+        kmsg(2.0, 100, oom_memcg="/libpod_parent/libpod-" + "a" * 64),
+        killed(2.0, 100, signal.SIGKILL, cg=50),
+    )
+
+
+def test_a_kill_at_the_limit_says_the_need_is_unknown_and_higher() -> None:
+    """The peak of a process killed at its limit is the limit: "keep 15% over the peak"
+    would fail again (a model loaded at twice the limit)."""
+    v = _oom_at_limit()
+    assert (v.cause, v.confidence) == ("cgroup_oom", "high")
+    assert "killed at the limit" in v.advice and "real need is unknown and higher" in v.advice
+    assert "15% headroom" not in v.advice and "raise that limit" in v.advice
+    assert "still starting" not in v.summary
+
+
+def test_a_kill_below_the_limit_keeps_the_headroom_advice() -> None:
+    v = _oom_at_limit(usage=40 * MiB)
+    assert "keep >= 15% headroom" in v.advice and "unknown" not in v.advice
+
+
+def test_a_kill_before_any_probe_passed_was_while_starting() -> None:
+    """A model server OOM-killed while loading: its /health answered 503 (or nothing) on
+    every probe from its start to the kill."""
+    starting = [probe(0.5, False), probe(1.0, False), probe(1.5, False)]
+    v = _oom_at_limit(*starting)
+    assert "it was still starting (none of its 3 health probes had passed)" in v.summary
+    assert "while it was still starting" in v.advice
+    v = _oom_at_limit(probe(0.5, True), *starting[1:])
+    assert "starting" not in v.summary + v.advice

@@ -40,8 +40,8 @@ from tests.streams import (
     xid,
 )
 from tracer.analysis import retention, senders
+from tracer.analysis.analyzer import Analyzer, Verdict
 from tracer.analysis.units import unit_of_cgroup
-from tracer.analysis.verdicts import Analyzer, Verdict
 from tracer.cli import main
 from tracer.events import (
     SI_KERNEL,
@@ -51,7 +51,7 @@ from tracer.events import (
     GpuLost,
     Lost,
 )
-from tracer.render import Clock, verdict_table
+from tracer.outputs.text import Clock, verdict_table
 from tracer.trace.format import TraceHeader
 from tracer.trace.writer import TraceWriter
 
@@ -279,7 +279,7 @@ def test_a_runtimes_own_health_check_counts_its_failures_itself() -> None:
 
 
 def test_the_recorded_threshold_travels_in_the_header() -> None:
-    from tracer.record import Targets
+    from tracer.pipeline.record import Targets
 
     targets = Targets(pids=[100], probe_failures=2).describe()
     assert targets["probe_failure_threshold"] == 2

@@ -16,8 +16,7 @@ import click
 import orjson
 
 from tracer import __version__, safetext
-from tracer.analysis.pressure import TailLine
-from tracer.analysis.verdicts import Analyzer, Verdict
+from tracer.analysis.analyzer import Analyzer, Verdict
 from tracer.errors import UsageError, WhyrestartError
 from tracer.events import CgroupInfo, Event
 from tracer.options import (
@@ -32,7 +31,9 @@ from tracer.options import (
     check_not_input,
     check_output_file,
 )
-from tracer.render import Clock, timeline, verdict_table
+from tracer.outputs.tail import TailLine
+from tracer.outputs.text import Clock, timeline, verdict_table
+from tracer.parse import values
 
 if TYPE_CHECKING:
     from tracer.trace.reader import TraceReader
@@ -264,9 +265,9 @@ def target_options(fn: F) -> F:
 
 
 def make_targets(kw: dict[str, Any], command: tuple[str, ...], verb: str = "record") -> Any:
-    """Turn the target options into ``tracer.record.Targets`` (bad input: UsageError)."""
-    from tracer.follow import ProbeSetup
-    from tracer.record import Targets
+    """Turn the target options into ``tracer.pipeline.record.Targets`` (bad input: UsageError)."""
+    from tracer.pipeline.follow import ProbeSetup
+    from tracer.pipeline.record import Targets
 
     if not (kw["pids"] or kw["cgroups"] or kw["all_"] or command or kw["containers"]) and not (
         kw["units"] or kw["pods"]
@@ -343,7 +344,7 @@ def record(
       sudo whyrestart record -o run3.trace --cgroup /system.slice/llama.service
       sudo whyrestart record -o run4.trace --pid 4242 --duration 600
     """
-    from tracer.record import Recorder
+    from tracer.pipeline.record import Recorder
 
     try:
         check_output_file(output, overwrite=force, force_option="--force")
@@ -435,8 +436,8 @@ def tail(as_json: bool, command: tuple[str, ...], **kw: Any) -> None:
     Nothing is written to disk; use `record` to keep a trace (`replay --tail` shows the same
     lines from it).
     """
-    from tracer.analysis.pressure import PressureFeed
-    from tracer.record import Recorder
+    from tracer.outputs.tail import PressureFeed
+    from tracer.pipeline.record import Recorder
 
     targets = make_targets(kw, command, verb="watch")
     clock: list[Clock] = []
@@ -524,7 +525,7 @@ def _fed(
 
 def _replay_tail(reader: TraceReader, analyzer: Analyzer, clock: Clock, as_json: bool) -> None:
     """replay --tail: the lines tail showed live."""
-    from tracer.analysis.pressure import PressureFeed
+    from tracer.outputs.tail import PressureFeed
 
     feed = PressureFeed(analyzer.cgroup_path)
     show = _tail_printer([clock], as_json)
@@ -681,7 +682,6 @@ def postmortem(
       whyrestart postmortem --cgroup /system.slice/llama.service --since 2h --json
     """
     from tracer.postmortem import correlate, gather, report
-    from tracer.sources.probes import parse_duration
 
     given = [
         (k, v)
@@ -701,7 +701,7 @@ def postmortem(
             "--container NAME, --unit U, --pod NS/NAME, --cgroup PATH, --pid PID or --all",
         )
     kind, spec = given[0]
-    since_s = _since_seconds(since, parse_duration) if since else None
+    since_s = values.parse_span("--since", since) if since else None
     facts = gather.gather(kind, spec, since_s)
     asm = correlate.assemble(facts)
     analyzer = analyzer_for(postmortem_header(facts))
@@ -710,22 +710,6 @@ def postmortem(
         click.echo(_dumps(report.to_json(facts, asm, verdicts)))
     else:
         _text(report.text(facts, asm, verdicts), nl=False)
-
-
-def _since_seconds(text: str, parse_duration: Callable[[str], float]) -> float:
-    """``30m``, ``1h``, ``2d`` (and whatever the probe options accept) → seconds."""
-    units = {"m": 60, "h": 3600, "d": 86400}
-    t = text.strip()
-    try:
-        if t[-1:] in units and t[:-1].replace(".", "", 1).isdigit():
-            value = float(t[:-1]) * units[t[-1]]
-        else:
-            value = parse_duration(t)
-    except (UsageError, ValueError):
-        raise UsageError(f"--since {text}: not a duration", "e.g. 30m, 1h, 2d") from None
-    if value <= 0:
-        raise UsageError(f"--since {text}: must be positive", "e.g. 30m, 1h, 2d")
-    return value
 
 
 # -- report, export, repro (tracer/outputs, tracer/repro.py) -------------------------------
@@ -754,12 +738,6 @@ def _parse_probe(text: str) -> object:
     from tracer.sources.probes import parse_probe
 
     return parse_probe(text)
-
-
-def _parse_duration(text: str) -> object:
-    from tracer.sources.probes import parse_duration
-
-    return parse_duration(text)
 
 
 @main.command()
@@ -837,19 +815,19 @@ def export(trace: str, fmt: str, output: str) -> None:
 @main.command(context_settings={"ignore_unknown_options": False}, epilog=LIFECYCLE)
 @click.option(
     "--memory-max",
-    type=SettingList("memory_max"),
+    type=SettingList("--memory-max"),
     default=None,
     help="Memory limits to try, e.g. 64M,128M,256M.",
 )
 @click.option(
     "--memory-high",
-    type=SettingList("memory_high"),
+    type=SettingList("--memory-high"),
     default=None,
     help="memory.high values to try (cgroup v2 only).",
 )
 @click.option(
     "--probe-timeout",
-    type=SettingList("probe_timeout"),
+    type=SettingList("--probe-timeout", durations=True),
     default=None,
     help="Probe timeouts to try, e.g. 0.5,1s,2s (needs --probe).",
 )
@@ -869,7 +847,7 @@ def export(trace: str, fmt: str, output: str) -> None:
 )
 @click.option(
     "--probe-interval",
-    type=Checked("duration", _parse_duration),
+    type=Checked("duration", values.parse_duration),
     default=None,
     help="Time between probes (default 1s).",
 )
@@ -883,7 +861,7 @@ def export(trace: str, fmt: str, output: str) -> None:
 )
 @click.option(
     "--probe-delay",
-    type=Checked("duration", _parse_duration),
+    type=Checked("duration", values.parse_duration),
     default=None,
     help="Wait this long before the first probe.",
 )
@@ -1000,20 +978,15 @@ def agent(
     """
     from tracer.agent.run import Agent, AgentConfig
     from tracer.agent.state import default_state_dir
-    from tracer.record import preflight
-    from tracer.repro import parse_size
-    from tracer.sources.probes import parse_duration
+    from tracer.pipeline.record import preflight
 
     try:
-        budget = parse_size(max_disk)
+        budget = values.parse_size(max_disk)
     except UsageError as exc:
         raise UsageError(f"--max-disk: {exc.message}", exc.fix) from None
     seconds = {}
     for name, text in (("--retain", retain), ("--series-ttl", series_ttl)):
-        try:
-            seconds[name] = _since_seconds(text, parse_duration)
-        except UsageError as exc:
-            raise UsageError(exc.message.replace("--since", name), exc.fix) from None
+        seconds[name] = values.parse_span(name, text)
     preflight()
     cfg = AgentConfig(
         state_dir=state_dir or default_state_dir(),
@@ -1050,7 +1023,6 @@ def history(
 
     from tracer.agent.journal import read_journal, select
     from tracer.agent.state import StateDir, default_state_dir
-    from tracer.sources.probes import parse_duration
 
     sd = StateDir(state_dir or default_state_dir())
     if not os.path.isdir(sd.path):
@@ -1062,7 +1034,7 @@ def history(
         entries = read_journal(sd.journal_old, sd.journal)
     except PermissionError:
         raise UsageError(f"cannot read {sd.journal}: permission denied", "run it as root") from None
-    since_wall = time.time() - _since_seconds(since, parse_duration) if since else None
+    since_wall = time.time() - values.parse_span("--since", since) if since else None
     rows = select(
         entries,
         since_wall=since_wall,

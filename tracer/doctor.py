@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from tracer.bpf import hooks, layout
+from tracer.bpf import hooks, layout, libbpf
 from tracer.errors import WhyrestartError
 from tracer.sources import system
 from tracer.sources.cgroupfs import CgroupLayout
@@ -68,12 +68,12 @@ def run_checks() -> tuple[list[Check], dict[str, Any]]:
             "" if btf else "use a kernel with CONFIG_DEBUG_INFO_BTF=y",
         )
     )
-    loaded, libbpf = system.libbpf_status()
+    loaded, what = libbpf.status()
     checks.append(
         Check(
             "libbpf",
             loaded,
-            f"libbpf {libbpf}" if loaded else libbpf,
+            f"libbpf {what}" if loaded else what,
             ""
             if loaded
             else "apt-get install libbpf1 (>= 1.0), or install the whyrestart wheel "

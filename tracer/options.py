@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 import click
 
 from tracer.errors import UsageError
+from tracer.parse import values
 
 _KINDS = {
     stat.S_IFCHR: "a character device",
@@ -45,7 +46,7 @@ def _parsed(
 
 
 class _Duration(click.ParamType[float]):
-    """Seconds: ``0.5``, ``500ms``, ``2s`` (tracer.sources.probes.parse_duration); finite and
+    """Seconds: ``0.5``, ``500ms``, ``2s`` (tracer.parse.values.parse_duration); finite and
     above zero."""
 
     name = "duration"
@@ -53,9 +54,7 @@ class _Duration(click.ParamType[float]):
     def convert(self, value: Any, param: Any, ctx: Any) -> float:
         if isinstance(value, float):
             return value
-        from tracer.sources.probes import parse_duration
-
-        return _parsed(self, parse_duration, value, param, ctx)
+        return _parsed(self, values.parse_duration, value, param, ctx)
 
 
 class _Probe(click.ParamType[Any]):
@@ -83,17 +82,12 @@ class Checked(click.ParamType[str]):
 
 
 class SettingList(Checked):
-    """A repro value list (``32M,256M``; one value for a setting held fixed), checked with
-    repro's own parser; the text is passed on as written."""
+    """A repro value list (``32M,256M``; one value for a setting held fixed) of sizes, or of
+    durations with ``durations``; the text is passed on as written."""
 
-    def __init__(self, kind: str) -> None:
-        super().__init__("values", lambda text: _parse_settings(kind, text))
-
-
-def _parse_settings(kind: str, text: str) -> object:
-    from tracer.repro import parse_settings
-
-    return parse_settings(kind, text)
+    def __init__(self, option: str, durations: bool = False) -> None:
+        one: Callable[[str], object] = values.parse_duration if durations else values.parse_size
+        super().__init__("values", lambda text: values.parse_list(option, text, one))
 
 
 def normalise_cgroup(text: str, memory_root: str | None) -> str:

@@ -5,7 +5,7 @@ one setting per run (``--memory-max``, ``--memory-high`` or ``--probe-timeout``)
 restart policy, each run recorded to its own trace; then compare the runs and name the smallest
 setting that survived, with its headroom.
 
-This module owns: size parsing (`parse_size`), the experiment plan (`Plan`, built from the
+This module owns: the experiment plan (`Plan`, built from the
 command line by `make_plan`), running it (`Experiment`), judging each run (`RunResult`), and the
 comparison (`Comparison`: the table and the ``--json`` shape documented in `tracer.outputs`).
 
@@ -40,8 +40,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tracer import safetext
-from tracer.analysis.quantities import fmt_bytes, stall_total_ns
-from tracer.analysis.verdicts import (
+from tracer.analysis.analyzer import (
     APP_EXIT,
     CGROUP_OOM,
     GLOBAL_OOM,
@@ -49,10 +48,12 @@ from tracer.analysis.verdicts import (
     USERSPACE_OOM,
     Verdict,
 )
+from tracer.analysis.quantities import fmt_bytes, stall_total_ns
 from tracer.errors import UsageError
+from tracer.parse import values
 
 if TYPE_CHECKING:
-    from tracer.record import RecordResult
+    from tracer.pipeline.record import RecordResult
     from tracer.sources.cgroupfs import CgroupLayout, ChildCgroup
     from tracer.sources.probes import ProbeResult, ProbeSpec
 
@@ -78,26 +79,6 @@ NONE_SURVIVED, OTHER_REASONS, INTERRUPTED = "none_survived", "other_reasons", "i
 # ---------------------------------------------------------------------------------------------
 # Parsing
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([kmgt])(i)?)?b?\s*$", re.IGNORECASE)
-_POWERS = {"k": 1, "m": 2, "g": 3, "t": 4}
-SIZE_FORMS = "bytes (67108864) or a number with K, M, G or T (64M, 1.5G; 512Mi and 1Gi too)"
-
-
-def parse_size(text: str) -> int:
-    """``64M`` / ``1G`` / ``512Mi`` / ``1.5g`` / ``67108864`` → bytes.
-
-    K, M, G and T are powers of 1024 with or without the ``i`` (as ``docker run --memory 64m``
-    means 64 MiB); a trailing ``B`` is allowed. Zero and fractions of a byte are refused.
-    """
-    m = _SIZE.match(text)
-    if m is None:
-        raise UsageError(f"bad size {text!r}", fix=f"write {SIZE_FORMS}")
-    number, unit = m.group(1), m.group(2)
-    value = float(number) * (1024 ** _POWERS[unit.lower()] if unit else 1)
-    if value < 1 or value != int(value):
-        raise UsageError(f"bad size {text!r}: not a whole number of bytes above zero")
-    return int(value)
-
 
 @dataclass(frozen=True, slots=True)
 class Setting:
@@ -109,26 +90,10 @@ class Setting:
 
 def parse_settings(kind: str, text: str) -> list[Setting]:
     """``"32M,256M"`` → settings; a probe timeout takes ``0.5``, ``500ms``, ``2s``."""
-    parts = [p.strip() for p in text.split(",")]
-    if not parts or any(not p for p in parts):
-        raise UsageError(
-            f"bad {OPTION[kind]} {text!r}: an empty value", fix="separate values with commas"
-        )
-    if kind == PROBE_TIMEOUT:
-        from tracer.sources.probes import parse_duration
-
-        settings = [Setting(p, parse_duration(p)) for p in parts]
-    else:
-        settings = [Setting(p, parse_size(p)) for p in parts]
-    seen: dict[int | float, str] = {}
-    for st in settings:
-        if st.value in seen:
-            raise UsageError(
-                f"bad {OPTION[kind]} {text!r}: {seen[st.value]} and {st.text} are the same value",
-                fix="list each value once; --runs N repeats every value N times",
-            )
-        seen[st.value] = st.text
-    return settings
+    parse_one: Callable[[str], int | float] = (
+        values.parse_duration if kind == PROBE_TIMEOUT else values.parse_size
+    )
+    return [Setting(t, v) for t, v in values.parse_list(OPTION[kind], text, parse_one)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -265,18 +230,18 @@ def make_plan(o: Options, *, memory_version: int | None) -> Plan:
         parent_cgroup=o.parent_cgroup,
     )
     if kind != MEMORY_MAX and o.memory_max is not None:
-        plan.memory_max = parse_size(o.memory_max)
+        plan.memory_max = values.parse_size(o.memory_max)
     if spec is not None:
-        from tracer.sources.probes import parse_duration
-
         if kind != PROBE_TIMEOUT:
             plan.probe_timeout_s = (
-                parse_duration(o.probe_timeout) if o.probe_timeout else DEFAULT_PROBE_TIMEOUT_S
+                values.parse_duration(o.probe_timeout)
+                if o.probe_timeout
+                else DEFAULT_PROBE_TIMEOUT_S
             )
         if o.probe_interval is not None:
-            plan.probe_interval_s = parse_duration(o.probe_interval)
+            plan.probe_interval_s = values.parse_duration(o.probe_interval)
         if o.probe_delay is not None:
-            plan.probe_delay_s = parse_duration(o.probe_delay)
+            plan.probe_delay_s = values.parse_duration(o.probe_delay)
     elif o.probe_interval is not None or o.probe_delay is not None:
         raise UsageError("--probe-interval and --probe-delay need --probe")
     return plan
@@ -697,7 +662,7 @@ class Experiment:
         self._layout = layout
 
     def run(self) -> Comparison:
-        from tracer.record import preflight
+        from tracer.pipeline.record import preflight
         from tracer.sources.cgroupfs import CgroupLayout
 
         preflight()
@@ -770,7 +735,7 @@ class Experiment:
         parent: str,
         cap: int | None,
     ) -> RunResult:
-        from tracer.record import Recorder, Targets
+        from tracer.pipeline.record import Recorder, Targets
         from tracer.sources.cgroupfs import ChildCgroup
 
         plan = self.plan
@@ -934,5 +899,4 @@ __all__ = [
     "judge",
     "make_plan",
     "parse_settings",
-    "parse_size",
 ]

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tracer.events import KmsgOom, OomKill
-from tracer.record import Recorder, Targets
+from tracer.pipeline.record import Recorder, Targets
 from tracer.trace.reader import read_trace
 
 pytestmark = pytest.mark.lab

@@ -7,5 +7,5 @@ sinks that keep what a post-mortem needs within a disk budget.
   journal.py    every verdict and restart, one JSON line each, kept across agent restarts
   metrics.py    Prometheus counters through prometheus_client, series of vanished units expired
   otel.py       a verdict as one JSON log line with OpenTelemetry attribute names (pure)
-  run.py        assembles the above around `tracer.record.Recorder`
+  run.py        assembles the above around `tracer.pipeline.record.Recorder`
 """

@@ -14,26 +14,26 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from prometheus_client import start_http_server
-
 from tracer import selfguard
+from tracer.agent import sdnotify, serve
 from tracer.agent.incidents import DEFAULT_AFTER_S, DEFAULT_BEFORE_S, IncidentStore, notable
 from tracer.agent.journal import Journal, restart_entry, verdict_entry
 from tracer.agent.metrics import DEFAULT_SERIES_TTL_S, Metrics
 from tracer.agent.otel import log_line
 from tracer.agent.segments import DEFAULT_RETAIN_S, DEFAULT_SEGMENT_S, SegmentSink
 from tracer.agent.state import Evicted, StateDir
+from tracer.analysis.analyzer import Analyzer
 from tracer.analysis.findings import Verdict
 from tracer.analysis.units import label_parts
-from tracer.analysis.verdicts import Analyzer
 from tracer.clock import wall_time
 from tracer.errors import UsageError
 from tracer.events import CgroupInfo, Event, Lost, ReclaimStall, ReclaimSummary
-from tracer.record import Recorder, Targets
+from tracer.pipeline.record import Recorder, Targets
 from tracer.safetext import field
 from tracer.sources.cgroupfs import CgroupLayout, CgroupResolver
 from tracer.trace.format import TraceFooter
@@ -105,7 +105,9 @@ class Agent:
         self._unit_paths: dict[str, str] = {}  # unit label -> a cgroup path of it
         self._lost = 0
         self._next_housekeeping = 0.0
-        self._ready = False
+        # set once a record the kernel makes would be judged: /metrics and /readyz answer 503
+        # before (tracer/agent/serve.py)
+        self.ready = threading.Event()
         self._clean_seen: dict[int, int] = {}  # cgroup id -> clean exits already counted
         self._next_sweep = time.monotonic() + SWEEP_S
         self._gone_before: set[int] = set()  # cgroups found gone by the last sweep
@@ -145,7 +147,7 @@ class Agent:
                 on_event=self._on_event,
                 sinks=[self.segments, self.incidents, _Housekeeping(self)],
                 reload=self._reload,
-                status=self._status,
+                on_ready=self._on_ready,
                 agent_filter=True,
                 # an always-on agent needs no 10 ms reaction (an OOM kill wakes it at once) nor
                 # 10 samples a second of every cgroup: a tenth of the wake-ups and samples
@@ -162,19 +164,23 @@ class Agent:
             self.state.close()
         return 0
 
-    def _status(self, line: str, final: bool) -> None:
-        """The recorder's status line, once a loop runs: the agent is watching."""
-        if not self._ready and not final:
-            self._ready = True
-            where = f", metrics on http://{self.config.metrics_addr}/metrics"
-            self._note(
-                f"ready: watching every cgroup; state in {self.state.path}"
-                + (where if self.config.metrics_addr else "")
-            )
+    def _on_ready(self) -> None:
+        """The hooks are attached and every source reads: an exit or OOM kill from now on is
+        judged. Every readiness signal turns true here, none before: /readyz (and /metrics),
+        systemd's READY=1, the ready line."""
+        self.ready.set()
+        problem = sdnotify.notify("READY=1\nSTATUS=watching every cgroup")
+        if problem is not None:
+            self._note(problem)
+        where = f", metrics on http://{self.config.metrics_addr}/metrics"
+        self._note(
+            f"ready: watching every cgroup; state in {self.state.path}"
+            + (where if self.config.metrics_addr else "")
+        )
 
     def _serve(self, addr: tuple[str, int]) -> None:
         try:
-            start_http_server(addr[1], addr=addr[0], registry=self.metrics.registry)
+            serve.start(addr[0], addr[1], self.metrics.registry, self.ready)
         except OSError as exc:
             raise UsageError(
                 f"cannot serve metrics on {addr[0]}:{addr[1]}: {exc.strerror or exc}",

@@ -5,7 +5,7 @@ evidence.Evidence``; ``facts`` gathers what concerns one exit; ``judge`` turns t
 ``Finding`` (tracer/analysis/findings.py) that the verdict factory makes a verdict of (kept
 apart so that the GPU rules read as one piece; tracer/analysis/rules.py calls them in turn).
 
-The rules (DESIGN.md, "Verdicts"):
+The rules (ARCHITECTURE.md, "Verdicts need agreement"):
 
 * ``device_reset``: the GPU was lost (NVML: GPU is lost / reset required; kernel log: fallen off
   the bus) or an Xid 79 came within ``RESET_WINDOW_NS`` before the exit (or just after it), the
@@ -41,8 +41,7 @@ from tracer.events import (
     GpuSample,
     GpuXid,
 )
-from tracer.gpu import curesult
-from tracer.gpu.libcuda import ALLOC_FUNCTIONS, INIT_FUNCTIONS
+from tracer.parse import cuda
 from tracer.parse.xid import APP_FAULT_XIDS, DEVICE_LOST_XIDS, xid_meaning
 
 __all__ = ["Finding", "GpuFacts", "GpuStore", "describe_event", "facts", "judge"]
@@ -286,7 +285,7 @@ def judge(
     named = any(isinstance(e, GpuXid) and e.pid == ex.pid for e in f.device_down)
     if f.device_down and (f.user or named) and not clean:
         return _device_reset(f, ex, exit_ev, crash)
-    starts = [c for c in f.calls if c.function in INIT_FUNCTIONS]
+    starts = [c for c in f.calls if c.function in cuda.INIT_FUNCTIONS]
     if clean:
         if f.failures:
             return _recovered(f, ex, exit_ev)
@@ -422,7 +421,7 @@ def _gpu_oom_advice(f: GpuFacts, last: GpuAllocFailure, peak: int | None) -> str
 
 def _describe_call(e: GpuCallFailure) -> str:
     size = f" of {fmt_bytes(e.requested_bytes)}" if e.requested_bytes else ""
-    return f"[uprobe] {e.function}{size} returned {curesult.name(e.result)} ({e.result})"
+    return f"[uprobe] {e.function}{size} returned {cuda.name(e.result)} ({e.result})"
 
 
 def _no_cuda(
@@ -442,9 +441,9 @@ def _no_cuda(
     return Finding(
         cause="app_exit",
         confidence="high",
-        summary=f"CUDA could not initialise: {curesult.name(first.result)} ({first.function} "
+        summary=f"CUDA could not initialise: {cuda.name(first.result)} ({first.function} "
         f"returned {first.result}), then it {then}",
-        advice=curesult.advice(first.result),
+        advice=cuda.advice(first.result),
         evidence=tuple(sorted([*evidence, exit_ev])),
     )
 
@@ -474,7 +473,7 @@ def _recovered(f: GpuFacts, ex: Exit, exit_ev: tuple[int, str]) -> Finding:
 
 
 def describe_event(ev: Event) -> str | None:
-    """One timeline line for a GPU event, in tracer.render's "kind    text" shape; None for
+    """One timeline line for a GPU event, in tracer.outputs.text's "kind    text" shape; None for
     samples (shown as numbers, not lines) and for events that are not GPU events."""
     if isinstance(ev, GpuAllocFailure):
         return (
@@ -491,15 +490,15 @@ def describe_event(ev: Event) -> str | None:
         size = f" of {fmt_bytes(ev.requested_bytes)}" if ev.requested_bytes else ""
         return (
             f"gpu     pid {ev.pid} ({ev.comm}) {ev.function}{size}: "
-            f"{curesult.name(ev.result)} ({ev.result}) [uprobe]"
+            f"{cuda.name(ev.result)} ({ev.result}) [uprobe]"
         )
     if isinstance(ev, GpuLibrary):
         if ev.error and not ev.probed:
             return f"gpu     pid {ev.pid} maps {ev.path}: not probed ({ev.error})"
         probed = {name.split("=")[0] for name in ev.probed.split(",")}
-        n = len(probed & set(ALLOC_FUNCTIONS))
+        n = len(probed & set(cuda.ALLOC_FUNCTIONS))
         return (
-            f"gpu     pid {ev.pid} maps {ev.path}: {n}/{len(ALLOC_FUNCTIONS)} allocation "
+            f"gpu     pid {ev.pid} maps {ev.path}: {n}/{len(cuda.ALLOC_FUNCTIONS)} allocation "
             "entry points probed"
         )
     if isinstance(ev, GpuXid):

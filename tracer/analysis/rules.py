@@ -5,12 +5,13 @@ no retention, no English (tracer/analysis/wording.py has the words).
 (tracer/analysis/gpu.py), then signals (a health-probe kill, a user-space OOM killer, a
 supervisor's stop, anyone else), then the process's own exit.
 
-Rules (DESIGN.md, "Verdicts"): exit status 137 alone is never a memory verdict. An OOM verdict
-needs an OOM kill of this very process incarnation (from BPF or the kernel log, stamped after
-it started) *and* a SIGKILL exit that no process sent; the OOM killer's own SIGKILL (si_code
-SI_KERNEL) is part of that OOM, not a second "signal kill". Evidence belongs to an incarnation
-(pid + start time), never to a bare pid: a report stamped before the process started is about
-an earlier process with the pid, and one an earlier exit's verdict used is gone with it.
+Rules (ARCHITECTURE.md, "Verdicts need agreement"): exit status 137 alone is never a memory
+verdict. An OOM verdict needs an OOM kill of this very process incarnation (from BPF or the
+kernel log, stamped after it started) *and* a SIGKILL exit that no process sent; the OOM
+killer's own SIGKILL (si_code SI_KERNEL) is part of that OOM, not a second "signal kill".
+Evidence belongs to an incarnation (pid + start time), never to a bare pid: a report stamped
+before the process started is about an earlier process with the pid, and one an earlier exit's
+verdict used is gone with it.
 
 How sure (README, "How sure a verdict is"): a cause the kernel records as an act is seen
 directly: the exit code a process returned, the signal hook's record of who sent the signal
@@ -80,6 +81,12 @@ PRESSURE_USAGE = 0.90  # of a cgroup's limit
 PRESSURE_STALL_NS = 1 * SECOND
 RUNTIME_HEALTHCHECK = "healthcheck"  # ProbeSample.target of a runtime's own exec health check
 HEADROOM = 0.15
+# A main process's non-zero exit this soon after another process of its unit was OOM-killed or
+# killed by a signal passes that death on (an API server whose engine or worker process died:
+# vllm's "Failed core proc(s)", a gunicorn master giving up on its workers). Seconds, not
+# more: a later exit has had time for a cause of its own.
+RELATED_DEATH_NS = 5 * SECOND
+RELATED_DEATHS_KEPT = 8  # deaths remembered per unit (the first of a cascade is the cause)
 
 # Signals a process raises on itself (abort(), faults): without a signal event for the exit,
 # these are taken as its own doing.
@@ -108,6 +115,9 @@ class ExitView:
     main: bool = True  # its unit's main process
     init_exit: tuple[int, int] | None = None  # (pid, ts): its unit's main process ended
     child_death: Verdict | None = None  # the last death by a signal of another process there
+    # the last few deaths by a signal of other processes there, oldest first, with each one's
+    # parent pid (related_exit)
+    related_deaths: tuple[tuple[Verdict, int], ...] = ()
     ancestors: frozenset[int] = frozenset()  # its parent and theirs, in the recorded tree
     exe_of: Callable[[int], str] | None = None  # a pid's executable from its exec, when seen
 
@@ -204,6 +214,15 @@ def failing_probes(v: ExitView, until: int) -> list[ProbeSample]:
     return run
 
 
+def never_healthy(v: ExitView, until: int) -> int | None:
+    """How many of the unit's probes ran from this process's start to ``until`` with none
+    passing (it was still starting); None when none ran or one passed."""
+    probes = v.ev.probes_between(v.ex.start_ns, until, v.unit, v.unlabelled_probes)
+    if not probes or any(p.ok for p in probes):
+        return None
+    return len(probes)
+
+
 def _with_probe_failures(v: ExitView, f: Finding) -> Finding:
     failing = failing_probes(v, v.ex.ts)
     if not failing:
@@ -231,7 +250,7 @@ def _decide(v: ExitView) -> Finding:
         return gpu
     if ws.signal is not None:
         return signal_exit(v, had_oom)
-    return init_exit(v) or handled_stop(v) or app_exit(v, had_oom)
+    return init_exit(v) or handled_stop(v) or related_exit(v, had_oom) or app_exit(v, had_oom)
 
 
 # -- the process's own exit ------------------------------------------------------------------
@@ -347,6 +366,58 @@ def handled_stop(v: ExitView) -> Finding | None:
     )
 
 
+def related_exit(v: ExitView, had_oom: bool) -> Finding | None:
+    """A unit's main process exits non-zero within RELATED_DEATH_NS after another process of
+    the unit (its worker, its engine process) was OOM-killed or killed by a signal that the
+    main process did not send itself: that death is the cause, passed on with its evidence and
+    the gap (an API server exiting 1 after its worker's OOM kill is not a bug of its own).
+    Medium at most: the link is inferred from the timing; an OOM report about the main
+    process itself (a disagreement app_exit states) leaves it to app_exit."""
+    ex, code = v.ex, v.ex.wait.code
+    if not v.main or had_oom or not code or not v.related_deaths:
+        return None
+    lo = max(ex.ts - RELATED_DEATH_NS, ex.start_ns)
+    # (deaths the main process caused itself, stopping its workers on its way out, are its
+    # doing, not a cause; a pid reused by the main process is not another process)
+    near = [
+        (d, ppid)
+        for d, ppid in v.related_deaths
+        if lo <= d.ts <= ex.ts and d.pid != ex.pid and d.sender_pid != ex.pid
+    ]
+    if not near:
+        return None
+    # the first death of a cascade is its cause; an OOM kill before any other death
+    ooms = [n for n in near if n[0].cause in _OOM_CAUSES]
+    child, ppid = (ooms or near)[0]
+    gap = ex.ts - child.ts
+    oom = child.cause in _OOM_CAUSES
+    line = say.related_death(code, gap, child.pid, child.comm, ppid == ex.pid, oom, child.signal)
+    return Finding(
+        child.cause,
+        MEDIUM if child.confidence != LOW else LOW,
+        say.related_death_summary(line, child.summary),
+        child.advice,
+        tuple(sorted([*child.evidence, v.exit_ev, (ex.ts, line)])),
+        disagreements=child.disagreements,
+        sender_pid=child.sender_pid,
+        sender_comm=child.sender_comm,
+        sender_role=child.sender_role,
+        limit_cgroup=child.limit_cgroup,
+        limit_scope=child.limit_scope,
+        limit_bytes=child.limit_bytes,
+        usage_bytes=child.usage_bytes,
+        peak_bytes=child.peak_bytes,
+        peak_ts=child.peak_ts,
+        breakdown=child.breakdown,
+        stall_ns=child.stall_ns,
+        host_available=child.host_available,
+        exit_code=code,
+    )
+
+
+_OOM_CAUSES = frozenset((CGROUP_OOM, GLOBAL_OOM))
+
+
 def alloc_failures(v: ExitView) -> list[Evidence_]:
     """Signs that memory ran out shortly before an exit the process chose: the cgroup's
     charge-failure counters rose, or the process stalled in reclaim."""
@@ -425,7 +496,7 @@ def oom_kill(v: ExitView) -> Finding:
         cause = CGROUP_OOM
         where = store.cgroup_label(limit_id, limit_path)
         summary, advice = say.cgroup_oom_text(
-            where, limit_bytes, scope, host_avail, stall, peak, HEADROOM
+            where, limit_bytes, scope, host_avail, stall, peak, HEADROOM, never_healthy(v, oom_ts)
         )
     else:
         cause, summary, advice = GLOBAL_OOM, say.GLOBAL_OOM_SUMMARY, say.GLOBAL_OOM_ADVICE

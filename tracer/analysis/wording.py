@@ -137,6 +137,11 @@ def cgroups_disagree(kmsg_memcg: str, bpf_path: str) -> str:
 CONSTRAINTS_DISAGREE = "BPF and the kernel log disagree on memcg vs global constraint"
 
 
+# Usage this close to the limit at the kill means the kill was at the limit: the memory the
+# process wanted is unknown, only that it is more than the limit.
+AT_LIMIT = 0.95
+
+
 def cgroup_oom_text(
     where: str,
     limit_bytes: int | None,
@@ -145,20 +150,39 @@ def cgroup_oom_text(
     stall: int | None,
     peak: int | None,
     headroom: float,
+    starting_probes: int | None = None,
 ) -> tuple[str, str]:
+    """A cgroup OOM's summary and advice. ``starting_probes``: the health probes that ran
+    from the process's start to the kill without one passing (it never became healthy)."""
     whose = {"own": "its own cgroup", "ancestor": "the ancestor"}.get(scope or "", "")
     summary = f"OOM-killed: {where} hit its limit {fmt_bytes(limit_bytes)}" + (
         f" ({whose})" if whose else ""
     )
+    if starting_probes:
+        summary += (
+            f"; it was still starting (none of its {starting_probes} health "
+            f"probe{'s' if starting_probes != 1 else ''} had passed)"
+        )
     if host_avail is not None:
         summary += f"; the host had {fmt_bytes(host_avail)} available"
     if stall:
         summary += f"; {fmt_duration(stall)} of reclaim stalls in the minute before"
+    which = "the parent" if scope == "ancestor" else "that"
+    if limit_bytes and (peak is None or peak >= limit_bytes * AT_LIMIT):
+        # a peak at the limit is the limit, not the need: "15% over the peak" would fail again
+        when = " while it was still starting" if starting_probes else ""
+        advice = (
+            f"peak {fmt_bytes(peak or limit_bytes)} = the effective limit "
+            f"{fmt_bytes(limit_bytes)} set on {where}{when}: it was killed at the limit, so "
+            f"its real need is unknown and higher; raise {which} limit (find the smallest "
+            "that holds with whyrestart repro --memory-max A,B,C -- COMMAND)"
+        )
+        return summary, advice
     target = int((peak or limit_bytes or 0) * (1 + headroom))
     advice = (
         f"peak {fmt_bytes(peak)} vs effective limit {fmt_bytes(limit_bytes)} set "
         f"on {where}: keep >= 15% headroom (>= {fmt_bytes(target)}) or raise "
-        f"{'the parent' if scope == 'ancestor' else 'that'} limit"
+        f"{which} limit"
     )
     return summary, advice
 
@@ -236,6 +260,19 @@ def killed_by_other(name: str, sender_pid: int, sender_comm: str) -> str:
 
 def passed_on(code: int, pid: int, comm: str, summary: str) -> str:
     return f"exited with code {code}, passing on the death of pid {pid} ({comm}): {summary}"
+
+
+def related_death(
+    code: int, gap_ns: int, pid: int, comm: str, worker: bool, oom: bool, sig: str | None
+) -> str:
+    who = f"its worker pid {pid} ({comm})" if worker else f"pid {pid} ({comm}) of the same unit"
+    how = "was OOM-killed" if oom else f"was killed by {sig or 'a signal'}"
+    return f"exited {code}, {fmt_duration(gap_ns)} after {who} {how}"
+
+
+def related_death_summary(line: str, summary: str) -> str:
+    # (the line already says how it died: "... was OOM-killed: OOM-killed: ..." says it twice)
+    return f"{line}: {summary.removeprefix('OOM-killed: ')}"
 
 
 def raised_by_itself(name: str) -> str:

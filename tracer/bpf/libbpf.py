@@ -214,6 +214,22 @@ def lib() -> _Lib:
     return _lib
 
 
+def version() -> str | None:
+    try:
+        return lib().version
+    except Exception:
+        return None
+
+
+def status() -> tuple[bool, str]:
+    """(loaded, what to show): "1.1, bundled (PATH)" / "1.1, system (libbpf.so.1)", or why it
+    could not be loaded (not installed, too old, a bundled copy that does not load)."""
+    try:
+        return True, lib().describe()
+    except Exception as exc:
+        return False, getattr(exc, "message", None) or str(exc)
+
+
 def _err() -> int:
     return ctypes.get_errno() or errno.EINVAL
 

@@ -21,37 +21,11 @@ import subprocess
 from tracer.parse.libcuda import Mapping, parse_ldconfig, parse_maps
 
 __all__ = [
-    "ALLOC_FUNCTIONS",
-    "FREE_FUNCTIONS",
-    "INIT_FUNCTIONS",
     "Mapping",
     "attach_path",
     "host_libraries",
     "mappings_of",
 ]
-
-# The allocation entry points whose failures are caught (the BPF program names are in
-# tracer.bpf.gpuhooks), and the frees that keep the per-process held bytes right.
-ALLOC_FUNCTIONS = (
-    "cuMemAlloc_v2",
-    "cuMemAllocManaged",
-    "cuMemAllocPitch_v2",
-    "cuMemAllocAsync",
-    "cuMemAllocAsync_ptsz",
-    "cuMemAllocFromPoolAsync",
-    "cuMemAllocFromPoolAsync_ptsz",
-    "cuMemCreate",
-)
-FREE_FUNCTIONS = ("cuMemFree_v2", "cuMemFreeAsync", "cuMemFreeAsync_ptsz", "cuMemRelease")
-# CUDA starting: their failures (no device, driver/runtime mismatch) say why a program that
-# never allocated could not use the GPU. cuDevicePrimaryCtxRetain is the CUDA runtime's context.
-INIT_FUNCTIONS = (
-    "cuInit",
-    "cuDevicePrimaryCtxRetain",
-    "cuCtxCreate_v2",
-    "cuCtxCreate_v3",
-    "cuCtxCreate_v4",
-)
 
 # Directories the driver installs into, for hosts without ldconfig's cache.
 _DRIVER_DIRS = (
@@ -115,3 +89,13 @@ def host_libraries() -> list[str]:
             seen.add((st.st_dev, st.st_ino))
             out.append(real)
     return out
+
+
+def file_key(st: os.stat_result) -> tuple[int, int, int]:
+    """One driver library file, however it is reached: the same key through every container's
+    overlay mount of an image, through the host path, /proc/PID/fd or /proc/PID/map_files.
+    Neither st_dev (each overlay mount has its own; /proc/PID/maps shows it too since 6.8) nor
+    the path can say that; the real inode's number can (overlayfs reports it where the layers
+    share a file system, as gpu.bpf.c's hold key assumes), with the size and modification time
+    so that files of two file systems that happen to share a number stay apart."""
+    return (st.st_ino, st.st_size, st.st_mtime_ns)

@@ -31,8 +31,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tracer import __version__, safetext
+from tracer.analysis.analyzer import Verdict
 from tracer.analysis.quantities import STALL_KINDS, fmt_bytes, fmt_duration, fmt_offset
-from tracer.analysis.verdicts import Verdict
 from tracer.analysis.wording import memory_at_kill
 from tracer.clock import wall_time
 from tracer.errors import OutputError, WhyrestartError

@@ -11,7 +11,7 @@ its cgroup path names. A memory cgroup belongs to the unit most of its processes
 sampled cgroup that held no watched process and has no sampled descendant (a ``--cgroup``
 target whose processes never exec'd) is a unit of its own. Ancestors are not units: their
 limits (and, where they have one, their usage) are drawn as the nested limits of the units below
-them, because a parent's limit is often the one that kills (DESIGN.md: "limits nest").
+them, because a parent's limit is often the one that kills (ARCHITECTURE.md: "Limits nest").
 
 The effective limit of a cgroup is taken from the recorder's ``EffectiveLimit`` events when
 the trace has them (they name the cgroup that sets it), else computed as the smallest known
@@ -25,8 +25,8 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from tracer.analysis.analyzer import Analyzer, Restart, Verdict, describe_status
 from tracer.analysis.quantities import fmt_bytes
-from tracer.analysis.verdicts import Analyzer, Restart, Verdict, describe_status
 from tracer.events import (
     SI_KERNEL,
     CgroupInfo,

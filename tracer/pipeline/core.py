@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from tracer.events import Event
-from tracer.merge import Reorder
+from tracer.pipeline.reorder import Reorder
 from tracer.trace.format import TraceFooter
 
 __all__ = ["Enricher", "HeaderPart", "Pipeline", "Sink", "Source"]

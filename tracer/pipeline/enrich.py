@@ -4,7 +4,7 @@ the kernel's events before they are ordered.
 * `WatchSet`: which pids and cgroups are watched: the kernel's filter, the samplers, the kernel
   log's OOM reports (a report is kept when it concerns the watched set).
 * `Follow`: ``--container`` targets across restarts, and a runtime's exec health checks
-  (``tracer.follow.Follower``).
+  (``tracer.pipeline.follow.Follower``).
 * `SenderExe`: a signal's sender's executable, read from /proc when the signal is recorded
   (its name is its own choice; its executable is not).
 * `CgroupNamer`: the kernel sends cgroup ids; each id gets one ``CgroupInfo`` (its path) and,
@@ -38,7 +38,7 @@ from tracer.events import (
 
 if TYPE_CHECKING:
     from tracer.bpf import hooks
-    from tracer.follow import Follower
+    from tracer.pipeline.follow import Follower
     from tracer.sources.cgroupfs import CgroupResolver
     from tracer.sources.samplers import SamplerSet
 

@@ -9,7 +9,7 @@ back (the first source is ``behind``), what goes into the header, what is warned
 * `KmsgSource`: the kernel log: OOM reports (the fallback rung of the ``oom`` hook, kept when
   they concern the watched set) and GPU driver Xid lines.
 * `GpuSource`: ``tracer.gpu.side.GpuSide`` (also an enricher: it learns the watched pids).
-* `FollowerSource`: restart counts and ``--probe`` results (``tracer.follow.Follower``).
+* `FollowerSource`: restart counts and ``--probe`` results (``tracer.pipeline.follow.Follower``).
 * `SamplerSource`: the cgroupfs and /proc samplers that are due.
 * `ProbeResultsSource`: health-probe results produced by someone else's thread (repro).
 """
@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from tracer.bpf import layout
+from tracer.bpf import layout, libbpf
 from tracer.bpf.decode import Decoder
 from tracer.bpf.libbpf import RingBuffer
 from tracer.clock import boottime_ns, monotonic_offset_ns
@@ -29,13 +29,12 @@ from tracer.events import Event, KmsgOom, Lost, ReclaimSummary
 from tracer.parse import xid
 from tracer.parse.kmsg import OomAssembler
 from tracer.pipeline.core import HeaderPart
-from tracer.sources import system
 from tracer.sources.kmsg import KmsgReader, record_ts_ns
 
 if TYPE_CHECKING:
     from tracer.bpf import hooks
-    from tracer.follow import Follower
     from tracer.gpu.side import GpuSide
+    from tracer.pipeline.follow import Follower
     from tracer.sources.probes import ProbeResult
     from tracer.sources.samplers import SamplerSet
 
@@ -119,7 +118,7 @@ class RingSource(_Quiet):
             extra={
                 "hook_failures": self.attached.failures,
                 "page_size": self.decoder.page_size,
-                "libbpf": system.libbpf_version(),
+                "libbpf": libbpf.version(),
             },
         )
 

@@ -8,11 +8,11 @@ import shlex
 from typing import Any
 
 from tracer import safetext
+from tracer.analysis.analyzer import Verdict
 from tracer.analysis.quantities import fmt_bytes
-from tracer.analysis.verdicts import Verdict
 from tracer.clock import wall_time
+from tracer.outputs.text import Clock, verdict_table
 from tracer.postmortem.correlate import Assembled, Facts
-from tracer.render import Clock, verdict_table
 
 SCHEMA = 1
 

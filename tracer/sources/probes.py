@@ -3,8 +3,8 @@
 This module owns ``--probe``, ``--probe-interval`` and ``--probe-timeout``:
 
 * ``parse_probe(spec)``: ``http://HOST:PORT/PATH``, ``tcp://HOST:PORT`` or ``exec:CMD ARGS``
-  → ``ProbeSpec``; ``parse_duration(text)``: ``0.5``, ``500ms``, ``2s`` → seconds. Bad input
-  is a ``UsageError`` naming the input and the accepted forms;
+  → ``ProbeSpec``. Bad input is a ``UsageError`` naming the input and the accepted forms
+  (durations are ``tracer.parse.values.parse_duration``'s);
 * ``run_probe(spec, timeout_s)``: one probe, → ``ProbeResult``;
 * ``Prober``: a background thread probing every interval, results drained with ``poll()``.
 
@@ -22,9 +22,7 @@ itself: we know only that the answer took at least that long.
 from __future__ import annotations
 
 import collections
-import math
 import os
-import re
 import shlex
 import signal
 import socket
@@ -42,13 +40,11 @@ __all__ = [
     "ProbeResult",
     "ProbeSpec",
     "Prober",
-    "parse_duration",
     "parse_probe",
     "run_probe",
 ]
 
 PROBE_FORMS = "http://HOST:PORT/PATH, tcp://HOST:PORT or exec:CMD [ARGS...]"
-DURATION_FORMS = "seconds (0.5), milliseconds (500ms) or seconds with a unit (2s)"
 
 # The kubelet reads at most 10 KiB of a probe's body; reading some of it (not just the
 # headers) counts a server that stalls mid-body as slow, as the kubelet would.
@@ -128,25 +124,6 @@ def parse_probe(spec: str) -> ProbeSpec:
     if parts.query:
         path += "?" + parts.query
     return ProbeSpec(kind="http", text=text, host=host, port=port or 80, path=path)
-
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s)?\s*$")
-
-
-def parse_duration(text: str) -> float:
-    """``0.5`` / ``500ms`` / ``2s`` / ``1.5s`` → seconds (float). Zero, negative, non-finite or
-    other units are a ``UsageError``."""
-    m = _DURATION.match(text)
-    if m is None:
-        raise UsageError(f"bad duration {text!r}", fix=f"write {DURATION_FORMS}")
-    value = float(m.group(1))
-    if m.group(2) == "ms":
-        value /= 1000.0
-    if not math.isfinite(value) or value <= 0:
-        raise UsageError(
-            f"bad duration {text!r}: must be more than zero", fix=f"write {DURATION_FORMS}"
-        )
-    return value
 
 
 # ---------------------------------------------------------------------------------------------

@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterable
 
 from tracer import safetext
 from tracer.analysis import gpu as gpu_rules
+from tracer.analysis.analyzer import Restart, Verdict, describe_status
 from tracer.analysis.quantities import fmt_bytes, fmt_offset
-from tracer.analysis.verdicts import Restart, Verdict, describe_status
 from tracer.analysis.wording import memory_at_kill
 from tracer.clock import wall_time
 from tracer.events import (

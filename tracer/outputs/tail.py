@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from tracer.analysis.analyzer import Verdict
 from tracer.analysis.quantities import fmt_bytes, fmt_duration
-from tracer.analysis.verdicts import Verdict
 from tracer.events import (
     CgroupSample,
     EffectiveLimit,

@@ -1,4 +1,5 @@
-"""CUresult codes by name, and what to do when CUDA cannot start. Pure.
+"""The CUDA driver API as whyrestart knows it: the entry points it probes and the CUresult codes
+by name, with what to do when CUDA cannot start. Pure.
 
 The numbers are cuda.h's (checked against the header of ``nvidia-cuda-runtime-cu12`` by
 tests/test_gpu_parse.py when it is installed). Only the codes a failing ``cuInit``, context
@@ -7,7 +8,31 @@ creation or allocation returns in practice are named; any other is shown as its 
 
 from __future__ import annotations
 
-__all__ = ["NAMES", "advice", "name"]
+__all__ = ["ALLOC_FUNCTIONS", "FREE_FUNCTIONS", "INIT_FUNCTIONS", "NAMES", "advice", "name"]
+
+# The allocation entry points whose failures are caught (the BPF program names are in
+# tracer.bpf.gpuhooks), and the frees that keep the per-process held bytes right.
+ALLOC_FUNCTIONS = (
+    "cuMemAlloc_v2",
+    "cuMemAllocManaged",
+    "cuMemAllocPitch_v2",
+    "cuMemAllocAsync",
+    "cuMemAllocAsync_ptsz",
+    "cuMemAllocFromPoolAsync",
+    "cuMemAllocFromPoolAsync_ptsz",
+    "cuMemCreate",
+)
+FREE_FUNCTIONS = ("cuMemFree_v2", "cuMemFreeAsync", "cuMemFreeAsync_ptsz", "cuMemRelease")
+# CUDA starting: their failures (no device, driver/runtime mismatch) say why a program that
+# never allocated could not use the GPU. cuDevicePrimaryCtxRetain is the CUDA runtime's context.
+INIT_FUNCTIONS = (
+    "cuInit",
+    "cuDevicePrimaryCtxRetain",
+    "cuCtxCreate_v2",
+    "cuCtxCreate_v3",
+    "cuCtxCreate_v4",
+)
+
 
 NAMES: dict[int, str] = {
     0: "CUDA_SUCCESS",

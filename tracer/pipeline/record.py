@@ -9,7 +9,8 @@ The flow is `tracer.pipeline`'s; this module assembles it for a recording:
   analysed, so replaying the file gives the same verdicts).
 
 The ring buffer is drained on a 10 ms timer (records are submitted without wake-ups, except
-OOM kills), which keeps the tracer's cost low under exit storms (DESIGN.md).
+OOM kills), which keeps the tracer's cost low under exit storms (ARCHITECTURE.md,
+"Wake-ups cost").
 """
 
 from __future__ import annotations
@@ -28,16 +29,16 @@ from typing import Any
 import psutil
 
 from tracer import __version__, selfguard
-from tracer.analysis.verdicts import Analyzer, Restart, Verdict
+from tracer.analysis.analyzer import Analyzer, Restart, Verdict
 from tracer.bpf import hooks, layout
 from tracer.clock import boottime_ns, realtime_offset_ns
 from tracer.errors import KernelUnsupported, OutputError, PermissionProblem, UsageError
 from tracer.events import Event
-from tracer.follow import Follower, ProbeSetup
 from tracer.gpu.side import SCAN_INTERVAL_NS, GpuSide
 from tracer.parse.cgroup import parse_proc_cgroup
 from tracer.pipeline.core import Enricher, Pipeline, Sink, Source, header_parts
 from tracer.pipeline.enrich import CgroupNamer, Follow, SenderExe, WatchSet
+from tracer.pipeline.follow import Follower, ProbeSetup
 from tracer.pipeline.sinks import AnalyzerSink, TraceSink
 from tracer.pipeline.sources import (
     POLL_MS,
@@ -141,6 +142,9 @@ def preflight() -> None:
     too_old = system.kernel_too_old(system.kernel_release())
     if too_old:
         raise KernelUnsupported(too_old, system.KERNEL_FIX)
+    pid_ns = system.pid_namespace_problem()
+    if pid_ns:
+        raise UsageError(pid_ns, system.PID_NS_FIX)
     if not os.path.exists(system.BTF_PATH):
         raise KernelUnsupported(
             f"this kernel has no BTF ({system.BTF_PATH} is missing)",
@@ -193,7 +197,11 @@ class Recorder:
     command exits, the duration passes or a signal arrives, then drained and closed.
 
     ``sources``: more sources to run beside the recorder's own (repro's liveness prober);
-    ``sinks``: more sinks to hand the ordered events to (after the trace and the analyzer).
+    ``sinks``: more sinks to hand the ordered events to (after the trace and the analyzer);
+    ``on_ready``: called once, from the recording's thread, when the hooks are attached and
+    every source and sink is in place, so that a record the kernel makes from then on is
+    judged (the agent's readiness: its ready line, /readyz, sd_notify; tests wait on it
+    rather than on sleeps). Before the command starts; not called if the set-up fails.
 
     Large on purpose (over 400 lines): it owns a recording's lifecycle end to end (checking
     the targets, starting the command, assembling the pipeline, the loop, the header and
@@ -219,7 +227,9 @@ class Recorder:
         agent_filter: bool = False,
         poll_ms: int = POLL_MS,
         idle_poll_ms: int | None = None,
+        on_ready: Callable[[], None] | None = None,
     ) -> None:
+        self.on_ready = on_ready
         self.overwrite = overwrite
         # SIGHUP: with ``reload`` (the agent), call it from the loop instead of stopping
         self.reload = reload
@@ -475,6 +485,10 @@ class Recorder:
         started = time.monotonic()
         try:
             try:
+                # (the ring keeps what the kernel sends from the attach on, and the loop's
+                # first step reads it: ready now, not after a first step)
+                if self.on_ready is not None:
+                    self.on_ready()
                 if self.targets.command:
                     child = self._start_command(watch, gpu)
                 self._loop(pipeline, child, watch, writer, counters, started)

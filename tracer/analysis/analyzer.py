@@ -123,6 +123,10 @@ class Analyzer:
         # unit key -> the last verdict on a process there killed by a signal (its init may
         # pass the death on as its own exit code)
         self._deaths: dict[str, Verdict] = {}
+        # unit key -> the last few deaths by a signal of processes there that are not its main
+        # process, with each one's parent pid (a main process's non-zero exit soon after may be
+        # their consequence: rules.related_exit)
+        self._related: dict[str, deque[tuple[Verdict, int]]] = {}
         self._held: Event | None = None  # a record far ahead of the stream, not yet trusted
         self.set_aside = 0  # records set aside for an absurd timestamp
         self._now = 0  # stream time of the last round
@@ -476,6 +480,8 @@ class Analyzer:
                 and pid not in by_pid
                 and not (restartable and status >> 8 > 128)  # (an init passing a death on)
                 and (drop_any or (drop_clean and status == 0))
+                # (nor a main process's exit a death in its unit may explain: related_exit)
+                and not (status and main and unit is not None and unit.key in self._related)
             ):
                 if restartable:
                     note_cause(pid, ex.ts, APP_EXIT)  # a restart may name it
@@ -518,6 +524,7 @@ class Analyzer:
             main=main,
             init_exit=table.main_exits.get(key) if key else None,
             child_death=self._deaths.get(key) if key and main else None,
+            related_deaths=tuple(self._related.get(key, ())) if key and main else (),
             # (who started it, and what it runs: only a death by a signal asks)
             ancestors=table.ancestors(ex.pid, ex.ppid) if ex.status & 0x7F else frozenset(),
             exe_of=table.exe_of,
@@ -528,6 +535,10 @@ class Analyzer:
             if len(deaths) >= 4096:
                 deaths.clear()
             deaths[key] = v
+            related = self._related
+            if len(related) >= 4096:
+                related.clear()
+            related.setdefault(key, deque(maxlen=rules.RELATED_DEATHS_KEPT)).append((v, ex.ppid))
         return v
 
 
