@@ -147,8 +147,9 @@ def test_a_child_oom_then_a_graceful_stop_is_a_stop_whatever_containerd_says(
     """A child (awk) OOM-killed in a container that keeps running; then StopContainer: its
     shell handles SIGTERM and exits 143. containerd says "OOMKilled" for that exit (it reads
     the cgroup's cumulative OOM counter, kubernetes#140718); whyrestart says the stop was a
-    stop (signal_kill, by the runtime, SIGTERM handled) and names the child's OOM kill, earlier,
-    as a verdict of the same unit."""
+    stop (signal_kill, by the runtime, SIGTERM handled), quotes containerd's record and says
+    it disagrees, and names the child's OOM kill, earlier, as a verdict of the same unit
+    (recorded as --container NS/POD/CONTAINER: the runtime is asked as the main process ends)."""
     k = kubelet
     k.make_pod_cgroup()
     k.run_sandbox()
@@ -160,7 +161,7 @@ def test_a_child_oom_then_a_graceful_stop_is_a_stop_whatever_containerd_says(
         wait_for(lambda: b"oom_kill 1" in _memory_oom_control(k.cgroup_parent, cid), 60, "awk")
         k.stop(cid, timeout_s=10)
 
-    res = record_while(tmp_path, "", run, cgroups=[k.cgroup_parent])
+    res = record_while(tmp_path, f"wrcri/{k.name}/hog", run)
     st = k.status(cid)
     assert (st.exit_code, st.reason) == (143, "OOMKilled")  # containerd's word: wrong
     unit = f"pod wrcri/{k.name} container hog"
@@ -169,6 +170,13 @@ def test_a_child_oom_then_a_graceful_stop_is_a_stop_whatever_containerd_says(
     main = [v for v in res.verdicts if v.main]
     assert [(v.cause, v.unit, v.exit_code) for v in main] == [("signal_kill", unit, 143)]
     assert "SIGTERM, which it handled: it exited with code 143" in main[0].summary
+    # containerd's reason beside ours, and the disagreement said
+    assert main[0].disagreements == ("containerd says OOMKilled",)
+    assert main[0].confidence == "medium"
+    assert any(
+        f"containerd recorded exit code 143 for {unit} (its OOMKilled flag: True)" in what
+        for _, what in main[0].evidence
+    )
     assert child[0].ts < main[0].ts
 
 
