@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import orjson
 import pytest
 from click.testing import CliRunner
 
@@ -272,3 +273,47 @@ def test_a_followed_container_is_followed_across_its_attempts(
     assert [(v.cause, v.unit) for v in res.verdicts if v.main] == [("cgroup_oom", unit)] * 2
     assert [(r.unit, r.cause) for r in res.restarts] == [(unit, "cgroup_oom")]
     assert res.restart_counts == [(unit, 1, 1, "containerd")]
+
+
+def test_the_agent_labels_a_pods_oom_kill_from_cri(
+    tmp_path: Path, kubelet: Kubelet, containerd_node: ContainerdNode
+) -> None:
+    """The always-on agent, finding the node's runtime as crictl does: a pod container's OOM
+    kill is counted in /metrics and logged as JSON under its namespace, pod and container."""
+    from tests.test_agent_root import AgentProc, until
+
+    k = kubelet
+    k.make_pod_cgroup()
+    k.run_sandbox()
+    env = {"CONTAINER_RUNTIME_ENDPOINT": f"unix://{containerd_node.socket}"}
+    agent = AgentProc(tmp_path / "state", env=env)
+    try:
+        agent.wait_ready()
+        run_to_exit(k, containerd_node.image, ["awk", AWK_HOG], 32 * MiB)
+        labels = ('container="hog"', 'namespace="wrcri"', f'pod="{k.name}"')
+
+        def counted() -> list[str]:
+            return [
+                ln
+                for ln in agent.metrics().splitlines()
+                if ln.startswith("whyrestart_oom_kills_total{") and all(x in ln for x in labels)
+            ]
+
+        until(counted, 60)
+        ooms = counted()
+        assert len(ooms) == 1 and ooms[0].endswith(" 1.0"), ooms
+        code, out = agent.stop()
+        assert code == 0
+    finally:
+        if agent.proc.poll() is None:
+            agent.proc.kill()
+    unit = f"pod wrcri/{k.name} container hog"
+    lines = [orjson.loads(ln) for ln in out.splitlines()]
+    mine = [ln for ln in lines if ln["attributes"].get("whyrestart.unit") == unit]
+    assert mine and mine[0]["attributes"]["whyrestart.cause"] == "cgroup_oom", lines[-3:]
+    attrs = mine[0]["attributes"]
+    assert (attrs["k8s.namespace.name"], attrs["k8s.pod.name"], attrs["k8s.container.name"]) == (
+        "wrcri",
+        k.name,
+        "hog",
+    )
