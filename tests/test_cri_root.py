@@ -317,3 +317,34 @@ def test_the_agent_labels_a_pods_oom_kill_from_cri(
         k.name,
         "hog",
     )
+
+
+def test_postmortem_of_a_pods_container_reads_its_container_status(
+    kubelet: Kubelet, containerd_node: ContainerdNode
+) -> None:
+    """postmortem --container NS/POD/CONTAINER after the fact, no recording: the kernel's
+    OOM report judged with containerd's record of the exit (ContainerStatus: exit code 137,
+    OOMKilled), under the pod's names."""
+    k = kubelet
+    k.make_pod_cgroup()
+    k.run_sandbox()
+    run_to_exit(k, containerd_node.image, ["awk", AWK_HOG], 32 * MiB)
+    r = CliRunner().invoke(
+        main, ["postmortem", "--container", f"wrcri/{k.name}/hog", "--since", "5m", "--json"]
+    )
+    assert r.exit_code == 0, r.output
+    doc = orjson.loads(r.output)
+    unit = f"pod wrcri/{k.name} container hog"
+    assert doc["target"]["label"] == unit
+    rt = doc["runtime"]
+    assert (rt["source"], rt["name"], rt["exit_code"], rt["oom_killed"]) == (
+        "containerd",
+        "hog",
+        137,
+        True,
+    )
+    assert [(v["cause"], v["unit"], v["confidence"]) for v in doc["verdicts"]] == [
+        ("cgroup_oom", unit, "high")
+    ]
+    said = [e["what"] for e in doc["verdicts"][0]["evidence"]]
+    assert f"containerd says {unit} exited with code 137 (its OOMKilled flag: True)" in said
