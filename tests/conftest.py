@@ -22,6 +22,7 @@ from tests import containerd, dockerd
 from tests.containerd import ContainerdNode
 from tests.dockerd import DockerEngine
 from tests.mt import build as mt_build
+from tests.unprivileged import unprivileged_whyrestart
 from tracer.bpf import hooks
 from tracer.errors import KernelUnsupported, UsageError
 from tracer.sources.cgroupfs import CgroupLayout, own_memory_cgroup
@@ -157,6 +158,14 @@ def mtwork_static(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if mt_build.gcc() is None:
         pytest.skip("no C compiler (gcc) to build tests/mt")
     return mt_build.mtwork(tmp_path_factory.mktemp("mt-static"), static=True)
+
+
+@pytest.fixture(scope="session")
+def unprivileged() -> Iterator[tuple[list[str], dict[str, str]]]:
+    """(argv, env) running whyrestart as any user can, wherever the checkout is
+    (tests/unprivileged.py)."""
+    with unprivileged_whyrestart() as it:
+        yield it
 
 
 @pytest.fixture(scope="session")

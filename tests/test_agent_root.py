@@ -123,7 +123,10 @@ def until(check: object, timeout: float = 30.0) -> None:
 
 
 def test_an_oom_kill_reaches_metrics_history_and_an_incident(
-    agent_state: Path, tmp_path: Path, layout: CgroupLayout
+    agent_state: Path,
+    tmp_path: Path,
+    layout: CgroupLayout,
+    unprivileged: tuple[list[str], dict[str, str]],
 ) -> None:
     agent = AgentProc(agent_state)
     try:
@@ -187,14 +190,14 @@ def test_an_oom_kill_reaches_metrics_history_and_an_incident(
             "--regid",
             "65534",
             "--clear-groups",
-            *WHYRESTART,
+            *unprivileged[0],
             "explain",
             str(mine_copy),
             "--json",
         ],
         capture_output=True,
         cwd="/",
-        env={**os.environ, "PYTHONPATH": os.getcwd()},
+        env=unprivileged[1],
     )
     shutil.rmtree(public)
     assert res.returncode == 0, res.stderr

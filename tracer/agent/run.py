@@ -255,6 +255,8 @@ class Agent:
             self.metrics.restart(r, label_parts(r.unit))
             self.journal.add(restart_entry(r, self.boot, self._clock_offset()))
         self._clean_exits()
+        if self.recorder is not None and self.recorder.kernel is not None:
+            self.metrics.signals_unsent(self.recorder.kernel.signals_unsent())
         if now >= self._next_sweep:
             self._next_sweep = now + SWEEP_S
             self._sweep()

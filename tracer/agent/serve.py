@@ -2,7 +2,7 @@
 ``/readyz``, the readiness an orchestrator probes.
 
 The port is bound when the agent starts (a busy port is a usage error before any BPF is
-loaded), but until the agent is ready (tracer.record.Recorder's ``on_ready``: the hooks are
+loaded), but until the agent is ready (tracer.pipeline.record.Recorder's ``on_ready``: the hooks are
 attached and every source reads) both paths answer 503: a scrape then is not ``up``, so that
 nothing says the agent watches before an OOM kill would be seen. After that, ``/readyz``
 answers 200 and ``/metrics`` the metrics."""

@@ -38,6 +38,7 @@ from tracer.analysis.findings import (
     HIGH,
     LOW,
     MEDIUM,
+    NUMA_OOM,
     PROBE_KILL,
     SIGNAL_KILL,
     UNKNOWN,
@@ -73,6 +74,7 @@ __all__ = [
     "MAX_CLEAN_KEPT",
     "MAX_KEPT",
     "MEDIUM",
+    "NUMA_OOM",
     "PROBE_KILL",
     "ROUND_NS",
     "SETTLE_NS",
@@ -542,7 +544,7 @@ class Analyzer:
         return v
 
 
-_OOM_CAUSES = frozenset((CGROUP_OOM, GLOBAL_OOM))
+_OOM_CAUSES = frozenset((CGROUP_OOM, GLOBAL_OOM, NUMA_OOM))
 
 # an exit waiting to be judged: its time and pid (the order exits are judged in), the exit, its
 # unit and whether it was the unit's main process (decided at the exit, before a successor ran)

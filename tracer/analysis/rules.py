@@ -43,6 +43,7 @@ from tracer.analysis.findings import (
     HIGH,
     LOW,
     MEDIUM,
+    NUMA_OOM,
     PROBE_KILL,
     SIGNAL_KILL,
     UNKNOWN,
@@ -53,6 +54,7 @@ from tracer.analysis.findings import (
 )
 from tracer.events import (
     SI_KERNEL,
+    SI_USER,
     CgroupSample,
     Exit,
     KmsgOom,
@@ -93,6 +95,15 @@ RELATED_DEATHS_KEPT = 8  # deaths remembered per unit (the first of a cascade is
 _SELF_INFLICTED = frozenset(
     {_signal.SIGABRT, _signal.SIGSEGV, _signal.SIGBUS, _signal.SIGFPE, _signal.SIGILL}
 )
+# Signals the kernel raises for a process's own set-up, from whatever task was running (an
+# interrupt's or a kworker's current task is no sender): the terminal driver's (n_tty isig(),
+# a hang-up: kill_pgrp(..., 1), SEND_SIG_PRIV), the interval timers' (it_real_fn(),
+# check_cpu_itimer(): SEND_SIG_PRIV), the CPU time limit's (check_rlimit(): SEND_SIG_PRIV);
+# si_code of POSIX timers, message queues, AIO and SIGIO (uapi asm-generic/siginfo.h).
+_TTY_SIGNALS = frozenset({_signal.SIGINT, _signal.SIGQUIT, _signal.SIGHUP})
+_ITIMER_SIGNALS = frozenset({_signal.SIGALRM, _signal.SIGVTALRM, _signal.SIGPROF})
+SI_TIMER, SI_MESGQ, SI_ASYNCIO, SI_SIGIO = -2, -3, -4, -5
+POLL_CODES = range(1, 7)  # POLL_IN .. POLL_HUP: SIGIO from send_sigio()
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,7 +175,9 @@ def oom_evidence_complete(ex: Exit, store: Evidence) -> bool:
     bpf = [o for o in pe.ooms if lo <= o.ts <= ex.ts]
     if not bpf or not any(lo <= k.ts for k in pe.kmsg):
         return False
-    oom = bpf[-1]
+    oom = best_oom(bpf)
+    if oom is None:
+        return False
     if not oom.memcg:
         return True  # (a global OOM: no cgroup counter is read)
     cg = store.by_cgroup.get(oom.limit_cgroup_id or ex.cgroup_id)
@@ -237,7 +250,7 @@ def _with_probe_failures(v: ExitView, f: Finding) -> Finding:
 
 def _decide(v: ExitView) -> Finding:
     ws = v.ex.wait
-    had_oom = bool(v.ooms or v.kmsg)
+    had_oom = best_oom(v.ooms) is not None or bool(v.kmsg)
     if had_oom and ws.signal == _signal.SIGKILL:
         killer = fatal_signal(v.signals, _signal.SIGKILL)
         if killer is None or _kernel_kill(killer) or any(_kernel_kill(s) for s in v.signals):
@@ -292,6 +305,55 @@ def init_exit(v: ExitView) -> Finding | None:
         say.passed_on(code, child.pid, child.comm, child.summary),
         child.advice,
         tuple(sorted([*child.evidence, v.exit_ev])),
+        disagreements=child.disagreements,
+        sender_pid=child.sender_pid,
+        sender_comm=child.sender_comm,
+        sender_role=child.sender_role,
+        limit_cgroup=child.limit_cgroup,
+        limit_scope=child.limit_scope,
+        limit_bytes=child.limit_bytes,
+        usage_bytes=child.usage_bytes,
+        peak_bytes=child.peak_bytes,
+        peak_ts=child.peak_ts,
+        breakdown=child.breakdown,
+        stall_ns=child.stall_ns,
+        host_available=child.host_available,
+        exit_code=code,
+    )
+
+
+def related_exit(v: ExitView, had_oom: bool) -> Finding | None:
+    """A unit's main process exits non-zero within RELATED_DEATH_NS after another process of
+    the unit (its worker, its engine process) was OOM-killed or killed by a signal that the
+    main process did not send itself: that death is the cause, passed on with its evidence and
+    the gap (an API server exiting 1 after its worker's OOM kill is not a bug of its own).
+    Medium at most: the link is inferred from the timing; an OOM report about the main
+    process itself (a disagreement app_exit states) leaves it to app_exit."""
+    ex, code = v.ex, v.ex.wait.code
+    if not v.main or had_oom or not code or not v.related_deaths:
+        return None
+    lo = max(ex.ts - RELATED_DEATH_NS, ex.start_ns)
+    # (deaths the main process caused itself, stopping its workers on its way out, are its
+    # doing, not a cause; a pid reused by the main process is not another process)
+    near = [
+        (d, ppid)
+        for d, ppid in v.related_deaths
+        if lo <= d.ts <= ex.ts and d.pid != ex.pid and d.sender_pid != ex.pid
+    ]
+    if not near:
+        return None
+    # the first death of a cascade is its cause; an OOM kill before any other death
+    ooms = [n for n in near if n[0].cause in _OOM_CAUSES]
+    child, ppid = (ooms or near)[0]
+    gap = ex.ts - child.ts
+    oom = child.cause in _OOM_CAUSES
+    line = say.related_death(code, gap, child.pid, child.comm, ppid == ex.pid, oom, child.signal)
+    return Finding(
+        child.cause,
+        MEDIUM if child.confidence != LOW else LOW,
+        say.related_death_summary(line, child.summary),
+        child.advice,
+        tuple(sorted([*child.evidence, v.exit_ev, (ex.ts, line)])),
         disagreements=child.disagreements,
         sender_pid=child.sender_pid,
         sender_comm=child.sender_comm,
@@ -375,55 +437,6 @@ def handled_stop(v: ExitView) -> Finding | None:
     )
 
 
-def related_exit(v: ExitView, had_oom: bool) -> Finding | None:
-    """A unit's main process exits non-zero within RELATED_DEATH_NS after another process of
-    the unit (its worker, its engine process) was OOM-killed or killed by a signal that the
-    main process did not send itself: that death is the cause, passed on with its evidence and
-    the gap (an API server exiting 1 after its worker's OOM kill is not a bug of its own).
-    Medium at most: the link is inferred from the timing; an OOM report about the main
-    process itself (a disagreement app_exit states) leaves it to app_exit."""
-    ex, code = v.ex, v.ex.wait.code
-    if not v.main or had_oom or not code or not v.related_deaths:
-        return None
-    lo = max(ex.ts - RELATED_DEATH_NS, ex.start_ns)
-    # (deaths the main process caused itself, stopping its workers on its way out, are its
-    # doing, not a cause; a pid reused by the main process is not another process)
-    near = [
-        (d, ppid)
-        for d, ppid in v.related_deaths
-        if lo <= d.ts <= ex.ts and d.pid != ex.pid and d.sender_pid != ex.pid
-    ]
-    if not near:
-        return None
-    # the first death of a cascade is its cause; an OOM kill before any other death
-    ooms = [n for n in near if n[0].cause in _OOM_CAUSES]
-    child, ppid = (ooms or near)[0]
-    gap = ex.ts - child.ts
-    oom = child.cause in _OOM_CAUSES
-    line = say.related_death(code, gap, child.pid, child.comm, ppid == ex.pid, oom, child.signal)
-    return Finding(
-        child.cause,
-        MEDIUM if child.confidence != LOW else LOW,
-        say.related_death_summary(line, child.summary),
-        child.advice,
-        tuple(sorted([*child.evidence, v.exit_ev, (ex.ts, line)])),
-        disagreements=child.disagreements,
-        sender_pid=child.sender_pid,
-        sender_comm=child.sender_comm,
-        sender_role=child.sender_role,
-        limit_cgroup=child.limit_cgroup,
-        limit_scope=child.limit_scope,
-        limit_bytes=child.limit_bytes,
-        usage_bytes=child.usage_bytes,
-        peak_bytes=child.peak_bytes,
-        peak_ts=child.peak_ts,
-        breakdown=child.breakdown,
-        stall_ns=child.stall_ns,
-        host_available=child.host_available,
-        exit_code=code,
-    )
-
-
 _OOM_CAUSES = frozenset((CGROUP_OOM, GLOBAL_OOM))
 
 
@@ -459,7 +472,7 @@ def oom_kill(v: ExitView) -> Finding:
     ex, store = v.ex, v.ev
     evidence: list[Evidence_] = []
     disagree: list[str] = []
-    bpf = v.ooms[-1] if v.ooms else None
+    bpf = best_oom(v.ooms)
     km = v.kmsg[-1] if v.kmsg else None
     # The mark_victim rungs guess the scope (a cgroup found at its limit by walking up from
     # the victim); the kernel log states the OOM's constraint. Where both exist, the kernel's
@@ -474,13 +487,14 @@ def oom_kill(v: ExitView) -> Finding:
     limit_id, limit_path, limit_bytes, usage, differ = limiting_cgroup(v, bpf, km)
     if differ:
         disagree.append(differ)
-    oom_ts = min([o.ts for o in v.ooms] + [k.ts for k in v.kmsg])
+    oom_ts = min([o.ts for o in v.ooms if not o.exiting] + [k.ts for k in v.kmsg])
     for s in v.signals:
         # __oom_kill_process() sends the SIGKILL just before mark_oom_victim(): the signal
         # may precede the OOM event by microseconds.
         if s.sig == _signal.SIGKILL and s.si_code == SI_KERNEL and abs(s.ts - oom_ts) < SECOND:
             evidence.append((s.ts, say.oom_killer_signal(s.sender_comm)))
     memcg = any(votes)
+    numa = numa_constraint(bpf, km)
     if len(set(votes)) > 1:
         disagree.append(say.CONSTRAINTS_DISAGREE)
     if guessed and bpf is not None and km is not None and bpf.memcg != km.memcg:
@@ -507,6 +521,8 @@ def oom_kill(v: ExitView) -> Finding:
         summary, advice = say.cgroup_oom_text(
             where, limit_bytes, scope, host_avail, stall, peak, HEADROOM, never_healthy(v, oom_ts)
         )
+    elif numa:
+        cause, summary, advice = NUMA_OOM, say.numa_oom_summary(numa), say.NUMA_OOM_ADVICE
     else:
         cause, summary, advice = GLOBAL_OOM, say.GLOBAL_OOM_SUMMARY, say.GLOBAL_OOM_ADVICE
     return Finding(
@@ -532,6 +548,35 @@ def oom_kill(v: ExitView) -> Finding:
 # BPF rungs that read the OOM's memory cgroup from the kernel's own oom_control; the others
 # walk the victim's ancestors for one at its limit, a guess the kernel log can overrule
 _EXACT_RUNGS = frozenset(("kprobe", "fentry"))
+
+# The kernel's CONSTRAINT_CPUSET / CONSTRAINT_MEMORY_POLICY (oom_control, and the kernel log's
+# oom-kill line): the allocation could only use some NUMA nodes, and those ran out.
+_NUMA_CONSTRAINTS = {
+    "cpuset": "cpuset",
+    "mempolicy": "mempolicy",
+    "CONSTRAINT_CPUSET": "cpuset",
+    "CONSTRAINT_MEMORY_POLICY": "mempolicy",
+}
+
+
+def best_oom(ooms: list[OomKill]) -> OomKill | None:
+    """The record that says most about the kill: never a mark of a victim that was already
+    exiting by itself (task_will_free_mem(): the OOM killer marked it and killed nothing); the
+    exact rungs' (oom_control read) before the guesses; the first of equals (a later mark of the
+    same process is another of its threads, outside the kill). Not simply the last: a guess
+    that came after the exact record would override its scope."""
+    kills = [o for o in ooms if not o.exiting]
+    exact = [o for o in kills if o.rung in _EXACT_RUNGS]
+    return exact[0] if exact else kills[0] if kills else None
+
+
+def numa_constraint(bpf: OomKill | None, km: KmsgOom | None) -> str | None:
+    """ "cpuset" or "mempolicy" when the OOM was confined to some NUMA nodes, as oom_control
+    (the exact rungs) or the kernel log's constraint says; None otherwise."""
+    for said in (bpf.constraint if bpf else "", km.constraint if km else ""):
+        if said in _NUMA_CONSTRAINTS:
+            return _NUMA_CONSTRAINTS[said]
+    return None
 
 
 def limiting_cgroup(
@@ -762,6 +807,9 @@ def signal_exit(v: ExitView, had_oom: bool) -> Finding:
         )
     if _kernel_kill(last):
         return kernel_kill(v, last, disagree)
+    origin = kernel_origin(v, last, core, disagree)
+    if origin is not None:
+        return origin
     exe = last.sender_exe or (v.exe_of(last.sender_pid) if v.exe_of is not None else "")
     who = senders.classify(
         last.sender_comm,
@@ -827,6 +875,69 @@ def signal_exit(v: ExitView, had_oom: bool) -> Finding:
         sender_comm=last.sender_comm,
         sender_role=who.role,
         sender_exe=sender_exe,
+    )
+
+
+def own_source(last: Signal) -> str | None:
+    """Which of the process's own set-ups raised ``last`` (wording.OWN_SIGNAL_SOURCES), if
+    one did."""
+    code, sig = last.si_code, last.sig
+    if code in (SI_TIMER, SI_MESGQ, SI_ASYNCIO):
+        return "timer" if code == SI_TIMER else "sigio"
+    if code == SI_SIGIO or (sig == _signal.SIGIO and code in POLL_CODES):
+        return "sigio"
+    if code == SI_KERNEL and sig in _ITIMER_SIGNALS:
+        return "itimer"
+    if code == SI_KERNEL and sig == _signal.SIGXCPU:
+        return "rlimit_cpu"
+    return None
+
+
+def kernel_origin(
+    v: ExitView, last: Signal, core: str, disagree: tuple[str, ...]
+) -> Finding | None:
+    """A fatal signal the kernel sent for the process's own set-up, whichever task's context
+    it ran in: its parent-death signal (sent by the parent's exiting thread), its terminal, its
+    own timers, asynchronous I/O or CPU time limit. None: a sender to classify."""
+    name = signal_name(last.sig)
+    if last.sender_exiting and last.si_code == SI_USER and last.sender_pid != v.ex.pid:
+        # forget_original_parent() sends pdeath_signal from the exiting thread, as SI_USER
+        summary, advice = say.pdeath_text(name, core, last.sender_pid, last.sender_comm)
+        line = say.pdeath_line(name, last.sender_pid, last.sender_comm)
+        return Finding(
+            SIGNAL_KILL,
+            HIGH,
+            summary,
+            advice,
+            ((last.ts, line), v.exit_ev),
+            disagreements=disagree,
+            sender_pid=last.sender_pid,
+            sender_comm=last.sender_comm,
+            sender_role=senders.ROLE_KERNEL,
+        )
+    if last.si_code == SI_KERNEL and last.sig in _TTY_SIGNALS:
+        summary, advice = say.tty_text(name, core)
+        return Finding(
+            SIGNAL_KILL,
+            HIGH,
+            summary,
+            advice,
+            ((last.ts, say.tty_line(name)), v.exit_ev),
+            disagreements=disagree,
+            sender_role=senders.ROLE_KERNEL,
+        )
+    source = own_source(last)
+    if source is None:
+        return None
+    summary, advice = say.own_source_text(source, name, core)
+    return Finding(
+        APP_EXIT,
+        HIGH,
+        summary,
+        advice,
+        ((last.ts, say.own_source_line(source, name)), v.exit_ev),
+        disagreements=disagree,
+        sender_role=senders.ROLE_SELF,
     )
 
 

@@ -78,8 +78,12 @@ def bpf_oom(bpf: OomKill, limit_path: str | None) -> str:
     where = f" in {limit_path}" if limit_path else ""
     return (
         f"[{bpf.rung}] OOM killer chose pid {bpf.victim_pid}, "
-        f"{'memcg' if bpf.memcg else 'global'}{where}"
+        f"{'memcg' if bpf.memcg else _NODES.get(bpf.constraint, 'global')}{where}"
+        + (" (already exiting: marked, not killed)" if bpf.exiting else "")
     )
+
+
+_NODES = {"cpuset": "cpuset-constrained (NUMA)", "mempolicy": "mempolicy-constrained (NUMA)"}
 
 
 def scope_guess_overruled(rung: str, guessed_memcg: bool) -> str:
@@ -188,6 +192,18 @@ def cgroup_oom_text(
 
 
 GLOBAL_OOM_SUMMARY = "OOM-killed by the host's OOM killer: the whole machine ran out of memory"
+NUMA_OOM_ADVICE = (
+    "the memory nodes it was confined to were exhausted while other nodes may have had memory "
+    "free: widen the allowed nodes (cpuset.mems, numactl --membind, the Kubernetes Memory "
+    "Manager's reservation), use a preferred or interleaved policy, or size it to one node"
+)
+
+
+def numa_oom_summary(kind: str) -> str:
+    by = "its cpuset's memory nodes" if kind == "cpuset" else "its memory policy's nodes"
+    return f"OOM-killed by the host's OOM killer: {by} ran out of memory (NUMA-constrained)"
+
+
 GLOBAL_OOM_ADVICE = (
     "the host itself was exhausted: find the largest consumers, add memory, "
     "or set per-service limits so one service cannot starve the rest"
@@ -205,6 +221,68 @@ def no_sender_text(name: str, core: str) -> tuple[str, str]:
 
 
 NO_SIGNAL_EVENT = "no signal event for this exit"
+
+
+def pdeath_text(name: str, core: str, pid: int, comm: str) -> tuple[str, str]:
+    return (
+        f"killed by {name}{core}: the parent-death signal it asked for (PR_SET_PDEATHSIG), sent "
+        f"by the kernel as the thread of {comm} (pid {pid}) that started it exited",
+        "the parent-death signal fires when the thread that forked the child exits, even "
+        "though the parent process lives on: fork from a thread that lives as long as the "
+        "parent (Go: runtime.LockOSThread around the start), or do not ask for it",
+    )
+
+
+def pdeath_line(name: str, pid: int, comm: str) -> str:
+    return f"{name} from the kernel as a thread of {comm} (pid {pid}) exited (PR_SET_PDEATHSIG)"
+
+
+def tty_text(name: str, core: str) -> tuple[str, str]:
+    if name == "SIGHUP":
+        return (
+            f"killed by SIGHUP{core} from its terminal: the terminal or the ssh session it ran "
+            "in hung up",
+            "run it detached from the terminal (a service, setsid, nohup, tmux) if it must "
+            "outlive the session",
+        )
+    key = "Ctrl-\\" if name == "SIGQUIT" else "Ctrl-C"
+    return (
+        f"interrupted with {name}{core} from its terminal ({key} typed there, sent by the tty "
+        "driver)",
+        f"someone pressed {key} at the terminal it runs on; run it detached from the terminal "
+        "(a service, setsid, nohup) if that was not meant",
+    )
+
+
+def tty_line(name: str) -> str:
+    return f"{name} from the terminal driver (a key typed at its terminal, or a hang-up)"
+
+
+OWN_SIGNAL_SOURCES = {
+    "timer": "its own POSIX timer (timer_create with SIGEV_SIGNAL)",
+    "itimer": "its own interval timer (alarm() or setitimer())",
+    "sigio": "its own asynchronous I/O notification (O_ASYNC / F_SETSIG)",
+    "rlimit_cpu": "its CPU time limit (RLIMIT_CPU, ulimit -t)",
+}
+
+
+def own_source_text(source: str, name: str, core: str) -> tuple[str, str]:
+    what = OWN_SIGNAL_SOURCES[source]
+    if source == "rlimit_cpu":
+        return (
+            f"killed by {name}{core}: it used up {what}",
+            "raise the CPU time limit where it is set (ulimit -t, LimitCPU=, "
+            "setrlimit), or find what made it spin",
+        )
+    return (
+        f"killed by {name}{core} from {what}: the kernel raised it, no process sent it",
+        f"the program armed {name} without handling it: handle, block or ignore the signal "
+        "before arming it",
+    )
+
+
+def own_source_line(source: str, name: str) -> str:
+    return f"{name} from {OWN_SIGNAL_SOURCES[source]}"
 
 
 def sent_by_kernel(name: str, pid: int, comm: str) -> str:

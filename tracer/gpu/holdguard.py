@@ -184,10 +184,21 @@ def run(guard: Guard, pipe_fd: int, max_hold_ns: int = MAX_HOLD_NS) -> None:
             guard.resume(pid, _now(), force=False)
 
 
+# The descriptor on which the guard says it is ready (signals ignored, oom_score_adj set), when
+# the recorder passes one: it lets the kernel hold only after that.
+READY_FD_ENV = "WHYRESTART_GUARD_READY_FD"
+
+
 if __name__ == "__main__":
     # Not the recorder's child: it would be one more process for whoever looks at the
     # recorder's children, and a zombie the recorder must reap. The parent exits at once.
     if os.fork() != 0:
         os._exit(0)
     map_fd, pipe_fd, peers_fd, holder = (int(a) for a in sys.argv[1:5])
+    outlive_the_recorder()
+    ready = os.environ.get(READY_FD_ENV)
+    if ready:
+        with contextlib.suppress(OSError):
+            os.write(int(ready), b"1")
+            os.close(int(ready))
     run(Guard(map_fd, peers_fd, holder), pipe_fd, *(int(a) for a in sys.argv[5:6]))

@@ -28,6 +28,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import os
+import select
 import subprocess
 import sys
 from collections import deque
@@ -73,6 +74,9 @@ MAX_RESCANS_PER_ROUND = 256
 # How often the loop tells the kernel it still resumes holds (gpu.bpf.c takes none once the
 # heartbeat is 2 s old): a bpf(2) call per 250 ms, not one per loop.
 HEARTBEAT_NS = 250_000_000
+# The guard starts in ~30 ms (python -I -S, the standard library only); a loaded host may take
+# much longer, and a recorder without holds still records.
+GUARD_READY_S = 5.0
 
 
 class GpuSide:
@@ -243,6 +247,12 @@ class GpuSide:
             "pid_filter": "shared" if "watched_pids" in self.shared else "own",
             # holds of one process by several recorders wait for each other (bpffs map)
             "hold_peers": "shared" if self.hooks is not None and self.hooks.peers_shared else "own",
+            # whether the guard outlives an OOM kill of this recorder's cgroup (oom.group)
+            "hold_guard": (
+                "spared by OOM kills"
+                if system.has_capability(system.CAP_SYS_RESOURCE)
+                else "not spared by OOM kills (no CAP_SYS_RESOURCE)"
+            ),
         }
         out.update(self.nvml.describe())
         return out
@@ -349,6 +359,7 @@ class GpuSide:
             return
         map_fd, peers_fd = self.hooks.held_map.fd, self.hooks.peers.fd
         r, w = os.pipe()  # both ends close on exec: only the guard gets the read end
+        ready_r, ready_w = os.pipe()  # the guard writes a byte once it is ready
         try:
             self._guard = subprocess.Popen(
                 [
@@ -361,7 +372,8 @@ class GpuSide:
                     str(peers_fd),
                     str(self.hooks.config.holder),
                 ],
-                pass_fds=(map_fd, r, peers_fd),
+                pass_fds=(map_fd, r, peers_fd, ready_w),
+                env={**os.environ, holdguard.READY_FD_ENV: str(ready_w)},
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
@@ -369,6 +381,7 @@ class GpuSide:
             )
         except OSError as exc:
             os.close(w)
+            os.close(ready_r)
             self.hold_error = f"starting the hold guard: {exc.strerror}"
             self.warnings.append(
                 f"processes that load libcuda from an unprobed path are not held: "
@@ -377,7 +390,20 @@ class GpuSide:
             return
         finally:
             os.close(r)
+            os.close(ready_w)
         self._guard_pipe = w
+        # no hold before the guard outlives what a unit stop or an OOM group kill sends
+        ready, _, _ = select.select([ready_r], [], [], GUARD_READY_S)
+        started = bool(ready) and os.read(ready_r, 1) == b"1"
+        os.close(ready_r)
+        if not started:
+            self.hold_error = f"the hold guard did not start within {GUARD_READY_S:g} s"
+            self._stop_guard()
+            self.warnings.append(
+                "processes that load libcuda from an unprobed path are not held "
+                f"({self.hold_error}): their first driver calls may be missed"
+            )
+            return
         if not system.has_capability(system.CAP_SYS_RESOURCE):
             # the guard cannot set oom_score_adj -1000 (tracer/gpu/holdguard.py)
             self.warnings.append(

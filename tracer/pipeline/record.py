@@ -570,7 +570,11 @@ class Recorder:
             warnings=[*warnings, reason] if failed else warnings,
             exit=reason,
             # what holding processes for the GPU probes cost and missed (tracer/gpu/side.py)
-            extra={"gpu_holds": gpu.final_holds} if gpu.final_holds is not None else {},
+            extra={
+                **({"gpu_holds": gpu.final_holds} if gpu.final_holds is not None else {}),
+                # handled and ignored signals counted in the kernel instead of sent
+                "signals_unsent": counters.signals_unsent(),
+            },
         )
 
     def _loop(

@@ -18,6 +18,7 @@ from tracer import clock
 from tracer.analysis.units import unit_of_cgroup
 from tracer.errors import UsageError, WhyrestartError
 from tracer.events import CgroupSample
+from tracer.parse import cgpath
 from tracer.parse.kmsg import KmsgRecord
 from tracer.postmortem.correlate import (
     CgroupNow,
@@ -31,7 +32,7 @@ from tracer.postmortem.correlate import (
     read_kernel_log,
 )
 from tracer.runtimes.base import Runtime
-from tracer.sources.cgroupfs import CgroupLayout, CgroupResolver, relative
+from tracer.sources.cgroupfs import CgroupLayout, CgroupResolver
 from tracer.sources.kmsg import DEFAULT_PATH, KmsgReader
 from tracer.sources.samplers import CgroupSampler
 
@@ -123,7 +124,7 @@ def resolve(kind: str, spec: str, world: World, now: int) -> tuple[Target, Runti
         ids = (f"pod{uid}", f"pod{uid.replace('-', '_')}")
         return Target(kind, spec, f"pod {spec}", ids=ids), None
     if kind == "cgroup":
-        path = relative(world.layout, spec)
+        path = cgpath.relative(spec, world.layout.memory_root)
         return Target(kind, spec, path, paths=(path,)), None
     if kind == "pid":
         try:
@@ -221,7 +222,7 @@ def cgroups_now(world: World, paths: Iterable[str], now: int) -> tuple[CgroupNow
     resolver = CgroupResolver(layout, world.proc_root)
     seen: dict[str, CgroupNow] = {}
     for p in paths:
-        for path in CgroupResolver.ancestors(p):
+        for path in cgpath.ancestors(p):
             if path in seen:
                 continue
             try:

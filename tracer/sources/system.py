@@ -150,9 +150,9 @@ def pid_namespace_problem(ns_path: str = "/proc/self/ns/pid") -> str | None:
     if ino == INIT_PID_NS_INO:
         return None
     return (
-        f"this process runs in a pid namespace of its own ({os.readlink(ns_path)}, not the "
-        "host's): the kernel's pids would be misread, and a process held at its first GPU "
-        "call would be resumed by the wrong pid"
+        f"this process runs in a pid namespace of its own (pid:[{ino}], not the host's): the "
+        "kernel's pids would be misread, and a process held at its first GPU call would be "
+        "resumed by the wrong pid"
     )
 
 
