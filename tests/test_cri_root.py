@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import orjson
 import pytest
 from click.testing import CliRunner
 
@@ -147,8 +148,9 @@ def test_a_child_oom_then_a_graceful_stop_is_a_stop_whatever_containerd_says(
     """A child (awk) OOM-killed in a container that keeps running; then StopContainer: its
     shell handles SIGTERM and exits 143. containerd says "OOMKilled" for that exit (it reads
     the cgroup's cumulative OOM counter, kubernetes#140718); whyrestart says the stop was a
-    stop (signal_kill, by the runtime, SIGTERM handled) and names the child's OOM kill, earlier,
-    as a verdict of the same unit."""
+    stop (signal_kill, by the runtime, SIGTERM handled), quotes containerd's record and says
+    it disagrees, and names the child's OOM kill, earlier, as a verdict of the same unit
+    (recorded as --container NS/POD/CONTAINER: the runtime is asked as the main process ends)."""
     k = kubelet
     k.make_pod_cgroup()
     k.run_sandbox()
@@ -160,7 +162,7 @@ def test_a_child_oom_then_a_graceful_stop_is_a_stop_whatever_containerd_says(
         wait_for(lambda: b"oom_kill 1" in _memory_oom_control(k.cgroup_parent, cid), 60, "awk")
         k.stop(cid, timeout_s=10)
 
-    res = record_while(tmp_path, "", run, cgroups=[k.cgroup_parent])
+    res = record_while(tmp_path, f"wrcri/{k.name}/hog", run)
     st = k.status(cid)
     assert (st.exit_code, st.reason) == (143, "OOMKilled")  # containerd's word: wrong
     unit = f"pod wrcri/{k.name} container hog"
@@ -169,6 +171,13 @@ def test_a_child_oom_then_a_graceful_stop_is_a_stop_whatever_containerd_says(
     main = [v for v in res.verdicts if v.main]
     assert [(v.cause, v.unit, v.exit_code) for v in main] == [("signal_kill", unit, 143)]
     assert "SIGTERM, which it handled: it exited with code 143" in main[0].summary
+    # containerd's reason beside ours, and the disagreement said
+    assert main[0].disagreements == ("containerd says OOMKilled",)
+    assert main[0].confidence == "medium"
+    assert any(
+        f"containerd recorded exit code 143 for {unit} (its OOMKilled flag: True)" in what
+        for _, what in main[0].evidence
+    )
     assert child[0].ts < main[0].ts
 
 
@@ -264,3 +273,78 @@ def test_a_followed_container_is_followed_across_its_attempts(
     assert [(v.cause, v.unit) for v in res.verdicts if v.main] == [("cgroup_oom", unit)] * 2
     assert [(r.unit, r.cause) for r in res.restarts] == [(unit, "cgroup_oom")]
     assert res.restart_counts == [(unit, 1, 1, "containerd")]
+
+
+def test_the_agent_labels_a_pods_oom_kill_from_cri(
+    tmp_path: Path, kubelet: Kubelet, containerd_node: ContainerdNode
+) -> None:
+    """The always-on agent, finding the node's runtime as crictl does: a pod container's OOM
+    kill is counted in /metrics and logged as JSON under its namespace, pod and container."""
+    from tests.test_agent_root import AgentProc, until
+
+    k = kubelet
+    k.make_pod_cgroup()
+    k.run_sandbox()
+    env = {"CONTAINER_RUNTIME_ENDPOINT": f"unix://{containerd_node.socket}"}
+    agent = AgentProc(tmp_path / "state", env=env)
+    try:
+        agent.wait_ready()
+        run_to_exit(k, containerd_node.image, ["awk", AWK_HOG], 32 * MiB)
+        labels = ('container="hog"', 'namespace="wrcri"', f'pod="{k.name}"')
+
+        def counted() -> list[str]:
+            return [
+                ln
+                for ln in agent.metrics().splitlines()
+                if ln.startswith("whyrestart_oom_kills_total{") and all(x in ln for x in labels)
+            ]
+
+        until(counted, 60)
+        ooms = counted()
+        assert len(ooms) == 1 and ooms[0].endswith(" 1.0"), ooms
+        code, out = agent.stop()
+        assert code == 0
+    finally:
+        if agent.proc.poll() is None:
+            agent.proc.kill()
+    unit = f"pod wrcri/{k.name} container hog"
+    lines = [orjson.loads(ln) for ln in out.splitlines()]
+    mine = [ln for ln in lines if ln["attributes"].get("whyrestart.unit") == unit]
+    assert mine and mine[0]["attributes"]["whyrestart.cause"] == "cgroup_oom", lines[-3:]
+    attrs = mine[0]["attributes"]
+    assert (attrs["k8s.namespace.name"], attrs["k8s.pod.name"], attrs["k8s.container.name"]) == (
+        "wrcri",
+        k.name,
+        "hog",
+    )
+
+
+def test_postmortem_of_a_pods_container_reads_its_container_status(
+    kubelet: Kubelet, containerd_node: ContainerdNode
+) -> None:
+    """postmortem --container NS/POD/CONTAINER after the fact, no recording: the kernel's
+    OOM report judged with containerd's record of the exit (ContainerStatus: exit code 137,
+    OOMKilled), under the pod's names."""
+    k = kubelet
+    k.make_pod_cgroup()
+    k.run_sandbox()
+    run_to_exit(k, containerd_node.image, ["awk", AWK_HOG], 32 * MiB)
+    r = CliRunner().invoke(
+        main, ["postmortem", "--container", f"wrcri/{k.name}/hog", "--since", "5m", "--json"]
+    )
+    assert r.exit_code == 0, r.output
+    doc = orjson.loads(r.output)
+    unit = f"pod wrcri/{k.name} container hog"
+    assert doc["target"]["label"] == unit
+    rt = doc["runtime"]
+    assert (rt["source"], rt["name"], rt["exit_code"], rt["oom_killed"]) == (
+        "containerd",
+        "hog",
+        137,
+        True,
+    )
+    assert [(v["cause"], v["unit"], v["confidence"]) for v in doc["verdicts"]] == [
+        ("cgroup_oom", unit, "high")
+    ]
+    said = [e["what"] for e in doc["verdicts"][0]["evidence"]]
+    assert f"containerd says {unit} exited with code 137 (its OOMKilled flag: True)" in said

@@ -884,3 +884,24 @@ def test_a_kill_before_any_probe_passed_was_while_starting() -> None:
     assert "while it was still starting" in v.advice
     v = _oom_at_limit(probe(0.5, True), *starting[1:])
     assert "starting" not in v.summary + v.advice
+
+
+def test_a_runtimes_oomkilled_for_a_handled_stop_is_quoted_and_disagrees() -> None:
+    """containerd's reason for a graceful stop's exit 143 can be OOMKilled (read from the
+    cgroup's OOM counter, which an earlier child's OOM kill raised): quoted beside the stop,
+    a disagreement (so medium), never the cause."""
+    events = [
+        cgroup(50, "/kubepods/burstable/pod" + "1" * 36 + "/" + "a" * 64, 64 * MiB),
+        unit_info(50, "containerd", "hog"),
+        execd(0.0, 100, 50, "sh"),
+        sent(5.0, 300, 100, signal.SIGTERM, comm="runc"),
+        exit_code(5.001, 100, 143, comm="sh", cg=50),
+        replace(runtime(5.2, "containerd hog", 0, "containerd"), exit_code=143, oom_killed=True),
+    ]
+    [v] = Analyzer().feed_all(events)
+    assert (v.cause, v.unit, v.confidence) == ("signal_kill", "containerd hog", "medium")
+    assert v.disagreements == ("containerd says OOMKilled",)
+    assert any(
+        "containerd recorded exit code 143 for containerd hog (its OOMKilled flag: True)" in what
+        for _, what in v.evidence
+    )

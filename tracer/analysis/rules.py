@@ -414,12 +414,21 @@ def handled_stop(v: ExitView) -> Finding | None:
     evidence = [(sig.ts, say.signal_from(name, sig.sender_pid, sig.sender_comm)), v.exit_ev]
     if who.doubt:
         evidence.append((sig.ts, who.doubt))
+    disagree: tuple[str, ...] = ()
+    record = supervisor_record(v, sig.ts)
+    if record is not None:
+        # the runtime's word beside ours; an OOMKilled for a handled stop is its mistake
+        # (kubernetes#140718), said so, not taken
+        evidence.append((record[0].ts, record[1]))
+        if record[0].oom_killed:
+            disagree = (say.runtime_claims_oom(record[0].source),)
     return Finding(
         SIGNAL_KILL,
         HIGH,
         summary,
         advice,
         tuple(sorted(evidence)),
+        disagreements=disagree,
         sender_pid=sig.sender_pid,
         sender_comm=sig.sender_comm,
         sender_role=who.role,

@@ -405,6 +405,12 @@ def handled_how(name: str, code: int) -> str:
     return f"{name}, which it handled: it exited with code {code}"
 
 
+def runtime_claims_oom(source: str) -> str:
+    """A runtime's OOMKilled for an exit that was no OOM kill (containerd derives it from the
+    cgroup's cumulative OOM counter: a child's earlier OOM kill marks every later exit)."""
+    return f"{source} says OOMKilled"
+
+
 def supervisor_recorded(source: str, unit: str, code: int | None, oom_flag: bool | None) -> str:
     """A supervisor's own record of an exit, quoted (systemd: Result=, ExecMainStatus)."""
     what = f"exit code {code}" if code is not None else "an exit"

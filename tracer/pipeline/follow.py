@@ -331,6 +331,10 @@ class Follower:
                     # a process of a followed unit ended: systemd's record of it (Result=oom-kill,
                     # its exit status) is read now, while the verdict on it is still open
                     self.poller.poll_soon()
+                elif any(ev.pid == f.main_pid for f in self.followed):
+                    # a followed container's main process ended: the runtime's record of it
+                    # (CRI's exit code and reason, Docker's OOMKilled), the same
+                    self.poller.poll_soon()
                 for f in self.followed:
                     start = f.checks.pop(ev.pid, None)
                     f.members.discard(ev.pid)

@@ -62,14 +62,20 @@ class World:
 
 
 def _container_runtimes(world: World) -> Sequence[Runtime]:
-    """podman, then every Docker daemon a docker client here would use (DOCKER_HOST, the
-    current context, the system socket...): the container runtimes ``record`` asks too."""
+    """podman, a Kubernetes node's CRI runtime, then every Docker daemon a docker client here
+    would use (DOCKER_HOST, the current context, the system socket...): the container runtimes
+    ``record`` asks too."""
     if world.runtimes is not None:
         return world.runtimes
     from tracer.runtimes import probe
+    from tracer.runtimes.cri import CriRuntime
 
     found, missing = probe()
-    return [rt for rt in (*found, *missing) if rt.name in ("podman", "docker")]
+    return [
+        rt
+        for rt in (*found, *missing)
+        if rt.name in ("podman", "docker") or (isinstance(rt, CriRuntime) and rt in found)
+    ]
 
 
 def resolve(kind: str, spec: str, world: World, now: int) -> tuple[Target, RuntimeState | None]:
@@ -84,6 +90,8 @@ def resolve(kind: str, spec: str, world: World, now: int) -> tuple[Target, Runti
             info = rt.find(spec)
             if info is not None:
                 label = f"{info.runtime} {info.name or info.id[:12]}"
+                if info.pod and info.namespace:  # (as a recording names it: units.from_info)
+                    label = f"pod {info.namespace}/{info.pod} container {info.name}"
                 paths = (info.cgroup_path,) if info.cgroup_path else ()
                 return Target(kind, spec, label, ids=(info.id,), paths=paths), RuntimeState(
                     info, now

@@ -146,6 +146,9 @@ class RestartCountPoller:
     daemon, so an interpreter exit never hangs on a stuck runtime).
     """
 
+    BURST = 4  # passes after a poll_soon, BURST_INTERVAL_S apart (then the interval again)
+    BURST_INTERVAL_S = 0.1
+
     def __init__(
         self,
         interval_s: float = 1.0,
@@ -166,6 +169,7 @@ class RestartCountPoller:
         self.dropped = 0
         self._stop = threading.Event()
         self._wake = threading.Event()  # poll_soon: the next pass now, not at the interval
+        self._burst = 0  # passes left at BURST_INTERVAL_S after a poll_soon
         self._thread: threading.Thread | None = None
 
     # -- caller side
@@ -201,8 +205,11 @@ class RestartCountPoller:
         return out
 
     def poll_soon(self) -> None:
-        """Make the next pass now (a watched unit's main process ended: the supervisor's
-        record of that exit is wanted while the verdict on it is still open)."""
+        """Make the next pass now, and a few more soon after (a watched unit's main process
+        ended: the supervisor's record of that exit is wanted while the verdict on it is still
+        open, and a runtime learns of the exit a little after the kernel: containerd once its
+        shim has reaped the process and sent it the exit event)."""
+        self._burst = self.BURST
         self._wake.set()
 
     def stop(self, timeout_s: float = 10.0) -> None:
@@ -242,7 +249,11 @@ class RestartCountPoller:
                 return  # that was the final pass
             # Wait out the rest of the interval (a slow pass shortens the wait, never overlaps);
             # stop() wakes the wait and one final pass follows.
-            self._wake.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
+            interval = self.interval_s
+            if self._burst > 0:
+                self._burst -= 1
+                interval = min(interval, self.BURST_INTERVAL_S)
+            self._wake.wait(max(0.0, interval - (time.monotonic() - started)))
             self._wake.clear()
 
     def _query(self, w: _Watch) -> None:
