@@ -74,3 +74,19 @@ def test_probes_that_began_long_after_the_start_say_nothing_of_the_start() -> No
         killed(302.0, 100, signal.SIGKILL, cg=20, start=0.5),
     )
     assert late_oom.cause == "cgroup_oom" and "still starting" not in late_oom.summary
+
+
+def test_a_recorded_wrapper_that_execs_the_server_is_still_the_one_unit_its_probes_check() -> None:
+    """`record --probe URL -- sh -c '... exec llama-server ...'`: the command's unit is named
+    by its comm, which the exec changes; its unlabelled probes still check it."""
+    v = one(
+        cgroup(20, "/llm", 136 * MiB),
+        execd(0.5, 100, 20, "sh"),
+        execd(0.52, 100, 20, "llama-server"),
+        loading(0.6),
+        oom(0.7, 100, limit_cgroup=20, limit=136 * MiB, usage=136 * MiB, victim_cg=20),
+        kmsg(0.7, 100, oom_memcg="/llm"),
+        killed(0.7, 100, signal.SIGKILL, cg=20, start=0.5, comm="llama-server"),
+    )
+    assert (v.cause, v.unit) == ("cgroup_oom", "llama-server (pid 100)")
+    assert "it was still starting (none of its 1 health probe had passed)" in v.summary
