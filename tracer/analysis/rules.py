@@ -229,9 +229,12 @@ def failing_probes(v: ExitView, until: int) -> list[ProbeSample]:
 
 def never_healthy(v: ExitView, until: int) -> int | None:
     """How many of the unit's probes ran from this process's start to ``until`` with none
-    passing (it was still starting); None when none ran or one passed."""
-    probes = v.ev.probes_between(v.ex.start_ns, until, v.unit, v.unlabelled_probes)
-    if not probes or any(p.ok for p in probes):
+    passing (it was still starting); None when none ran or one passed, or when the probes
+    began over PROBE_WINDOW_NS after its start (a recording that attached to a running server,
+    or a start not known: it may have been healthy before)."""
+    start = v.ex.start_ns
+    probes = v.ev.probes_between(start, until, v.unit, v.unlabelled_probes)
+    if not probes or probes[0].ts - start > PROBE_WINDOW_NS or any(p.ok for p in probes):
         return None
     return len(probes)
 
@@ -1056,6 +1059,7 @@ def probe_kill(v: ExitView, kill: SenderKill) -> Finding | None:
     ev = [*kill.evidence, *((p.ts, say.probe_line(p)) for p in recent)]
     # only slow, never failed: the supervisor's patience is inferred, not recorded
     slow_only = all(p.ok and not p.timed_out for p in failing)
+    starting = never_healthy(v, last.ts) is not None
     summary, advice = say.probe_kill_text(
         kill.who.description,
         kill.how,
@@ -1064,6 +1068,7 @@ def probe_kill(v: ExitView, kill: SenderKill) -> Finding | None:
         psi,
         failed_for_ns=last.ts - failing[0].ts,
         slow_only=slow_only,
+        starting_ns=last.ts - ex.start_ns if starting else None,
     )
     return kill.finding(
         PROBE_KILL,

@@ -178,7 +178,8 @@ def cgroup_oom_text(
         advice = (
             f"peak {fmt_bytes(peak or limit_bytes)} = the effective limit "
             f"{fmt_bytes(limit_bytes)} set on {where}{when}: it was killed at the limit, so "
-            f"its real need is unknown and higher; raise {which} limit (find the smallest "
+            f"it needed more than {fmt_bytes(limit_bytes)} (its real need is unknown and "
+            f"higher); raise {which} limit (find the smallest "
             "that holds with whyrestart repro --memory-max A,B,C -- COMMAND)"
         )
         return summary, advice
@@ -551,6 +552,7 @@ def probe_kill_text(
     psi: float | None,
     failed_for_ns: int = 0,
     slow_only: bool = False,
+    starting_ns: int | None = None,
 ) -> tuple[str, str]:
     context = ""
     if stall:
@@ -560,7 +562,17 @@ def probe_kill_text(
     what = "slow health probes" if slow_only else "failing health probes"
     during = f" for {fmt_duration(failed_for_ns)}" if failed_for_ns else ""
     summary = f"killed by {who} with {how} after {what}{during} (last: {lat}){context}"
-    if stall:
+    if starting_ns is not None:
+        summary += (
+            "; it was still starting: it had never answered its probe healthy in the "
+            f"{fmt_duration(starting_ns)} since it started"
+        )
+        advice = (
+            "killed while starting, not hung: its start-up (a model loading) outlasts the "
+            "probe's failure budget (failures x period); give it a startup probe (Kubernetes "
+            "startupProbe) or a longer initial delay, not more memory"
+        )
+    elif stall:
         advice = (
             f"the probe failed during {fmt_duration(stall)} of reclaim stalls: give the "
             "service memory headroom and raise the probe timeout; don't hide real "
