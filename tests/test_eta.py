@@ -229,3 +229,31 @@ def test_the_warning_ends_with_a_line_when_the_growth_stops() -> None:
     assert texts[0].startswith("eta     /c will reach its 1.0 GiB limit")
     assert texts[-1] == "eta     /c: no longer heading for its limit"
     assert a.forecast(8) is None
+
+
+def test_the_agent_gauge_stands_only_while_the_warning_does(tmp_path: object) -> None:
+    from types import SimpleNamespace
+
+    from prometheus_client import generate_latest
+
+    from tracer.agent.run import Agent, AgentConfig
+
+    agent = Agent(AgentConfig(state_dir=str(tmp_path), metrics_addr=None))
+    a = Analyzer(every_verdict=True, keep_verdicts=False)
+    agent.recorder = SimpleNamespace(analyzer=a, header=None)  # type: ignore[assignment]
+    name = "whyrestart_memory_limit_eta_seconds"
+    seen = []
+    for i, ev in enumerate(
+        [_limit(8, "/c", 1 * GiB, "/c")]
+        + [_v2(i, 8, "/c", (100 + 20 * min(i, 30)) * MiB) for i in range(80)]
+    ):
+        agent._on_event(ev, a.feed(ev))
+        text = generate_latest(agent.metrics.registry).decode()
+        seen.append(any(line.startswith(name + "{") for line in text.splitlines()))
+        if i == 25:
+            [line] = [ln for ln in text.splitlines() if ln.startswith(name + "{")]
+            assert 'unit="/c"' in line
+            value = float(line.rsplit(" ", 1)[1])
+            # 1 GiB - (100 + 20*24) MiB left at 20 MiB/s
+            assert abs(value - (1024 - 580) / 20) < 0.2
+    assert not any(seen[:16]) and any(seen) and not seen[-1]
