@@ -257,3 +257,33 @@ def test_the_agent_gauge_stands_only_while_the_warning_does(tmp_path: object) ->
             # 1 GiB - (100 + 20*24) MiB left at 20 MiB/s
             assert abs(value - (1024 - 580) / 20) < 0.2
     assert not any(seen[:16]) and any(seen) and not seen[-1]
+
+
+def test_replay_warnings_prints_them_escaped_and_as_json(tmp_path: object) -> None:
+    import orjson
+    from click.testing import CliRunner
+
+    from tests.streams import header
+    from tracer.cli import main
+    from tracer.trace.writer import TraceWriter
+
+    evil = "/evil\x1b]0;pwned\x07"
+    path = f"{tmp_path}/grow.trace"
+    w = TraceWriter.open(path, header())
+    w.write_many(
+        [_limit(8, evil, 1 * GiB, evil)]
+        + [_v2(i, 8, evil, (100 + 20 * min(i, 30)) * MiB) for i in range(1, 80)]
+    )
+    w.close(w.make_footer("command exited", ended_ns=t(80)))
+    text = CliRunner().invoke(main, ["replay", "--warnings", path])
+    assert text.exit_code == 0, text.output
+    lines = text.output.splitlines()
+    assert len(lines) == 3, lines  # the start, once halved, and the end
+    assert "\x1b" not in text.output and "/evil\\x1b]0;pwned\\x07 will reach" in lines[0]
+    assert lines[-1].endswith("/evil\\x1b]0;pwned\\x07: no longer heading for its limit")
+    js = CliRunner().invoke(main, ["replay", "--warnings", "--json", path])
+    docs = [orjson.loads(ln) for ln in js.output.splitlines()]
+    est = docs[0]["eta"]
+    assert (est["limit_path"], est["limit_kind"], est["growing"]) == (evil, "max", "anon")
+    assert est["rate_bytes_per_s"] == 20 * MiB and est["low_s"] <= est["seconds"] <= est["high_s"]
+    assert "eta" not in docs[-1]

@@ -44,6 +44,7 @@ USAGE_WARN = 0.90
 USAGE_REARM = 0.85
 PSI_SOME_WARN = 10.0  # avg10 %, "some": at least one task stalled on memory
 PSI_FULL_WARN = 5.0  # "full": all non-idle tasks stalled at once
+ETA_REPEAT_S = 20.0  # a time-to-limit warning is shown again at half the time, down to this
 
 KIND_WORDS = {"memcg": "reclaim", "direct": "host direct reclaim", "high": "memory.high throttle"}
 
@@ -270,7 +271,8 @@ class PressureFeed:
 
     def _eta(self, ev: CgroupSample) -> list[TailLine]:
         """A line when a watched cgroup's warning starts, again when its time left has halved
-        since the last line, and one when the growth stops (tracer/analysis/eta.py)."""
+        since the last line (while that was ETA_REPEAT_S or more: not a line a second in the
+        last seconds), and one when the growth stops (tracer/analysis/eta.py)."""
         if self.forecast is None:
             return []
         est = self.forecast(ev.cgroup_id)
@@ -281,7 +283,7 @@ class PressureFeed:
                 return []
             del self._eta_shown[ev.cgroup_id]
             return [TailLine(ev.ts, INFO, f"eta     {unit}: no longer heading for its limit")]
-        if shown is not None and est.seconds >= shown / 2:
+        if shown is not None and (est.seconds >= shown / 2 or shown < ETA_REPEAT_S):
             return []
         self._eta_shown[ev.cgroup_id] = est.seconds
         return [TailLine(ev.ts, WARN, f"eta     {eta_text(unit, est)}", est)]
@@ -340,10 +342,11 @@ def eta_text(unit: str, est: Eta) -> str:
     printed, with the rest of it)."""
     lim = est.limit
     what = "limit" if lim.kind == "max" else "memory.high (allocations throttled)"
-    band = f"{_seconds(est.low_s)}-{_seconds(est.high_s)}" if est.high_s > est.low_s else ""
+    where = "" if lim.path == unit else f" on {lim.path}"
+    low, high = _seconds(est.low_s), _seconds(est.high_s)
+    band = f" ({low}-{high})" if low != high else ""
     return (
-        f"{unit} will reach its {fmt_bytes(lim.bytes)} {what} on {lim.path} in "
-        f"~{_seconds(est.seconds)}{f' ({band})' if band else ''} at +{fmt_bytes(est.rate)}/s "
-        f"{est.growing}; {fmt_bytes(est.used)} used, {fmt_bytes(est.reclaimable)} of it "
-        "reclaimable"
+        f"{unit} will reach its {fmt_bytes(lim.bytes)} {what}{where} in "
+        f"~{_seconds(est.seconds)}{band} at +{fmt_bytes(est.rate)}/s {est.growing}; "
+        f"{fmt_bytes(est.used)} used, {fmt_bytes(est.reclaimable)} of it reclaimable"
     )
