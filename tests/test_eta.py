@@ -3,6 +3,7 @@ the one path from samples through the Analyzer to the tail's warning line."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from hypothesis import given, settings
@@ -141,6 +142,31 @@ def test_noise_around_a_flat_line_never_warns(
     samples = [
         _sample(i * interval, min(top, max(512 * 1024, level)) + n) for i, n in enumerate(noise)
     ]
+    assert all(e is None for e in _every_prefix(samples))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    base=st.integers(16, 512),
+    rise=st.integers(64, 1400),  # MiB: the plateau stays below the 2 GiB limit
+    tau=st.floats(0.5, 8.0),  # seconds: a load that slows as it completes
+    interval=st.sampled_from([0.25, 1.0]),
+)
+def test_a_ramp_that_slows_into_its_plateau_never_warns(
+    base: int, rise: int, tau: float, interval: float
+) -> None:
+    n = int(60 / interval)
+    samples = [
+        _sample(i * interval, int((base + rise * (1 - math.exp(-i * interval / tau))) * MiB))
+        for i in range(n)
+    ]
+    assert all(e is None for e in _every_prefix(samples))
+
+
+def test_noise_that_creeps_up_inside_its_band_near_the_limit_never_warns() -> None:
+    # a sawtooth 5 MiB under the limit: 90% of its steps rise, none of it is growth
+    level = LIMIT.bytes - 5 * MiB
+    samples = [_sample(i, level + (i % 10) * 100 * 1024) for i in range(90)]
     assert all(e is None for e in _every_prefix(samples))
 
 

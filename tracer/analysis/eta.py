@@ -28,9 +28,10 @@ evenly thinned):
    ``min_growth_fraction`` (1%) of the limit. Adversarial noise of peak-to-peak amplitude A
    cannot make the 25th percentile slope exceed 4*A over the span (75% of pairs must be
    more than half the span apart), so noise under a quarter of the minimum growth never warns.
-3. **Not levelling off.** The Theil-Sen slope of the newer half of the window is at least
-   ``min_recent_ratio`` (50%) of the whole window's: a startup ramp that is flattening out
-   is not projected to the limit.
+3. **Not levelling off.** The Theil-Sen slope of the newest third of the window is at least
+   ``min_recent_ratio`` (50%) of the oldest third's: a startup ramp that is flattening out
+   (a load that slows as it completes, ``1 - exp(-t/tau)`` with tau up to 8 s) is not
+   projected to the limit.
 4. **Soon.** The projection, from the fitted level now (or the last reading, if higher), reaches
    the limit within ``horizon_s`` (5 minutes).
 
@@ -203,10 +204,12 @@ def estimate(samples: Sequence[CgroupSample], limit: Limit, params: Params = DEF
     min_growth = max(params.min_growth_bytes, params.min_growth_fraction * limit.bytes)
     if p25 <= 0 or p25 * span < min_growth:
         return None
-    recent = [p for p in points if p.ts >= last.ts - (last.ts - first.ts) // 2]
-    if len(recent) >= 3:
-        recent_slopes = _slopes(recent)
-        if _quantile(recent_slopes, 0.5) < params.min_recent_ratio * slope:
+    third = (last.ts - first.ts) // 3
+    older = [p for p in points if p.ts <= first.ts + third]
+    newer = [p for p in points if p.ts >= last.ts - third]
+    if len(older) >= 2 and len(newer) >= 2:
+        old_slope = _quantile(_slopes(older), 0.5)
+        if old_slope > 0 and _quantile(_slopes(newer), 0.5) < params.min_recent_ratio * old_slope:
             return None
     # the fitted line's level now (median intercept), or the last reading where it is higher
     fitted = sorted(p.unreclaimable - slope * (p.ts - last.ts) / NS for p in points)
