@@ -313,3 +313,35 @@ def test_replay_warnings_prints_them_escaped_and_as_json(tmp_path: object) -> No
     assert (est["limit_path"], est["limit_kind"], est["growing"]) == (evil, "max", "anon")
     assert est["rate_bytes_per_s"] == 20 * MiB and est["low_s"] <= est["seconds"] <= est["high_s"]
     assert "eta" not in docs[-1]
+
+
+def test_the_bench_scores_lead_time_and_false_warnings(tmp_path: object) -> None:
+    """A smoke run of the bench's eta scoring (bench/sections/eta.py) on written traces."""
+    from bench.sections.eta import score, summary
+    from tests.streams import header, oom
+    from tracer.trace.writer import TraceWriter
+
+    def write(name: str, events: list[object]) -> str:
+        path = f"{tmp_path}/{name}.trace.zst"
+        w = TraceWriter.open(path, header())
+        w.write_many(events)  # type: ignore[arg-type]
+        w.close(w.make_footer("command exited", ended_ns=t(100)))
+        return path
+
+    from pathlib import Path
+
+    leak = [_limit(8, "/c", 1 * GiB, "/c")]
+    leak += [_v2(i, 8, "/c", (100 + 20 * i) * MiB) for i in range(1, 47)]
+    leak.append(oom(46.5, victim=5, limit_cgroup=8, limit=1 * GiB, usage=1 * GiB, victim_cg=8))
+    flat = [_limit(8, "/c", 1 * GiB, "/c")] + [_v2(i, 8, "/c", 300 * MiB) for i in range(1, 60)]
+    scores = [score(Path(write("x_oom", leak))), score(Path(write("y_ok", flat)))]
+    [kill] = scores[0]["kills"]
+    assert kill["lead_s"] is not None and abs(kill["lead_s"] - 30.5) < 0.01  # warned at 16 s
+    assert kill["growth_s"] > 40
+    assert summary(scores) == {
+        "kills": 1,
+        "kills_growth_30s": 1,
+        "warned_10s_before": 1,
+        "false_warnings": 0,
+        "no_oom_traces": 1,
+    }
