@@ -32,6 +32,9 @@ Sections (all of them, in this order, when none is named):
             storm mixed with non-zero exits, fatal signals and cgroup OOM kills counted back from
             the agent's segments, OOM kill -> /metrics and -> history latency (--agent-kills),
             RSS over --agent-soak and the state dir's growth at idle.
+  eta       the time-to-limit warnings replayed from the recorded traces tests/data/eta_*.trace.zst
+            (bench/eta_traces.py records them): lead time of the first warning before each OOM
+            kill and its error; false warnings on the traces without an OOM kill.
 
 Sections with tools (storm, signals, reclaim) run their variants round-robin for --rounds rounds
 (the order rotates every round), each run being:

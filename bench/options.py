@@ -19,6 +19,7 @@ SECTIONS = (
     "soak",
     "gpuhold",
     "agent",
+    "eta",
 )
 SECTION_VARIANTS = {
     "storm": ("bare", "whyrestart", "bpftrace", "exitsnoop"),
@@ -26,7 +27,13 @@ SECTION_VARIANTS = {
     "reclaim": ("bare", "whyrestart", "bpftrace"),
 }
 TOOLS = ("bare", "whyrestart", "bpftrace", "exitsnoop", "sigsnoop")
-WHYRESTART_ONLY = ("overflow", "soak", "gpuhold", "agent")  # sections that measure whyrestart alone
+WHYRESTART_ONLY = (
+    "overflow",
+    "soak",
+    "gpuhold",
+    "agent",
+    "eta",
+)  # sections that measure whyrestart alone
 
 
 @dataclass

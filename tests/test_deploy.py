@@ -101,7 +101,7 @@ def test_alerting_rules_pass_promtool() -> None:
         text=True,
     )
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "SUCCESS: 4 rules found" in res.stdout
+    assert "SUCCESS: 5 rules found" in res.stdout
 
 
 def test_orchestrators_wait_for_the_agents_readiness() -> None:

@@ -411,6 +411,7 @@ def _tail_printer(clock_holder: list[Clock], as_json: bool) -> Any:
                     safetext.json_text(
                         orjson.dumps(
                             {"ts": line.ts, "severity": line.severity, "text": line.text}
+                            | ({"eta": line.eta.to_json()} if line.eta is not None else {})
                         ).decode()
                     )
                 )
@@ -436,18 +437,14 @@ def tail(as_json: bool, command: tuple[str, ...], **kw: Any) -> None:
     Nothing is written to disk; use `record` to keep a trace (`replay --tail` shows the same
     lines from it).
     """
-    from tracer.outputs.tail import PressureFeed
+    from tracer.outputs.tail import feed_of
     from tracer.pipeline.record import Recorder
 
     targets = make_targets(kw, command, verb="watch")
     clock: list[Clock] = []
     show = _tail_printer(clock, as_json)
     rec: Recorder
-
-    def path_of(cid: int) -> str | None:
-        return rec.analyzer.cgroup_path(cid)
-
-    feed = PressureFeed(path_of)
+    feed = feed_of(lambda: rec.analyzer)
 
     last = [0]  # the newest event's time: open storm windows close there at the end
 
@@ -475,8 +472,16 @@ def tail(as_json: bool, command: tuple[str, ...], **kw: Any) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Events and verdicts as JSON.")
 @click.option("--verdicts-only", is_flag=True, help="Skip the event timeline.")
 @click.option("--tail", "as_tail", is_flag=True, help="Show the lines `tail` showed live.")
+@click.option(
+    "--warnings",
+    "as_warnings",
+    is_flag=True,
+    help="Only the time-to-limit warnings `tail` gave (with --json: each with its estimate).",
+)
 @_friendly
-def replay(trace: str, as_json: bool, verdicts_only: bool, as_tail: bool) -> None:
+def replay(
+    trace: str, as_json: bool, verdicts_only: bool, as_tail: bool, as_warnings: bool
+) -> None:
     """Replay a trace file (no root needed): the timeline, then one verdict per exit."""
     from tracer.trace.reader import TraceReader
 
@@ -484,8 +489,8 @@ def replay(trace: str, as_json: bool, verdicts_only: bool, as_tail: bool) -> Non
     header = reader.header
     clock = Clock(header.started_ns, header.clock_offset_ns)
     analyzer = analyzer_for(header, every_verdict=as_tail)
-    if as_tail:
-        _replay_tail(reader, analyzer, clock, as_json)
+    if as_tail or as_warnings:
+        _replay_tail(reader, analyzer, clock, as_json, warnings=as_warnings)
         return
     if as_json:
         _replay_json(reader, analyzer, clock, verdicts_only)
@@ -523,12 +528,19 @@ def _fed(
         yield ev
 
 
-def _replay_tail(reader: TraceReader, analyzer: Analyzer, clock: Clock, as_json: bool) -> None:
-    """replay --tail: the lines tail showed live."""
-    from tracer.outputs.tail import PressureFeed
+def _replay_tail(
+    reader: TraceReader, analyzer: Analyzer, clock: Clock, as_json: bool, warnings: bool = False
+) -> None:
+    """replay --tail: the lines tail showed live (``warnings``: only its time-to-limit
+    warnings, tracer/analysis/eta.py)."""
+    from tracer.outputs.tail import feed_of
 
-    feed = PressureFeed(analyzer.cgroup_path)
-    show = _tail_printer([clock], as_json)
+    feed = feed_of(lambda: analyzer)
+    printer = _tail_printer([clock], as_json)
+
+    def show(lines: list[TailLine]) -> None:
+        printer([ln for ln in lines if ln.text.startswith("eta ")] if warnings else lines)
+
     last = reader.header.started_ns
     for ev in reader:
         show(feed.feed(ev, analyzer.feed(ev)))

@@ -8,7 +8,18 @@ from pathlib import Path
 from bench.options import Options
 from bench.records import Section
 from bench.runner import Context
-from bench.sections import agent, decode, gpuhold, overflow, reclaim, replay, signals, soak, storm
+from bench.sections import (
+    agent,
+    decode,
+    eta,
+    gpuhold,
+    overflow,
+    reclaim,
+    replay,
+    signals,
+    soak,
+    storm,
+)
 
 SectionRun = Callable[[Options, Path, Context], Section]
 
@@ -22,4 +33,5 @@ RUNS: dict[str, SectionRun] = {
     "soak": soak.run,
     "gpuhold": gpuhold.run,
     "agent": agent.run,
+    "eta": eta.run,
 }

@@ -111,6 +111,15 @@ class Metrics:
             registry=reg,
         )
         self._unrecorded_seen: dict[str, int] = {}
+        # time-to-limit warnings (tracer/analysis/eta.py): a series only while one stands
+        self.limit_eta = Gauge(
+            "whyrestart_memory_limit_eta_seconds",
+            "Seconds until the unit's memory reaches its effective limit at its sustained growth "
+            "(present only while the estimator warns)",
+            list(u),
+            registry=reg,
+        )
+        self._eta_shown: set[tuple[str, ...]] = set()
 
     # -- updates ------------------------------------------------------------------------------
 
@@ -147,6 +156,16 @@ class Metrics:
 
     def stall(self, labels: dict[str, str], seconds: float, throttled: bool) -> None:
         self._inc(self.throttle if throttled else self.reclaim, labels, by=seconds)
+
+    def eta(self, labels: dict[str, str], seconds: float | None) -> None:
+        """Set a unit's time-to-limit gauge, or remove it (``None``: no warning now)."""
+        key = tuple(labels.get(k, "") for k in UNIT_LABELS)
+        if seconds is not None:
+            self.limit_eta.labels(*key).set(round(seconds, 1))
+            self._eta_shown.add(key)
+        elif key in self._eta_shown:
+            self._eta_shown.discard(key)
+            self.limit_eta.remove(*key)
 
     def state(self, *, lost: int, unwritten: int, disk: int, incidents: int, cgroups: int) -> None:
         if lost > self._lost_seen:

@@ -32,7 +32,7 @@ from tracer.analysis.findings import Verdict
 from tracer.analysis.units import label_parts
 from tracer.clock import wall_time
 from tracer.errors import UsageError
-from tracer.events import CgroupInfo, Event, Lost, ReclaimStall, ReclaimSummary
+from tracer.events import CgroupInfo, CgroupSample, Event, Lost, ReclaimStall, ReclaimSummary
 from tracer.pipeline.record import Recorder, Targets
 from tracer.safetext import field
 from tracer.sources.cgroupfs import CgroupLayout, CgroupResolver
@@ -104,6 +104,7 @@ class Agent:
         self.recorder: Recorder | None = None
         self._unit_paths: dict[str, str] = {}  # unit label -> a cgroup path of it
         self._lost = 0
+        self._eta_units: set[int] = set()  # watched cgroups with a time-to-limit gauge now
         self._next_housekeeping = 0.0
         # set once a record the kernel makes would be judged: /metrics and /readyz answer 503
         # before (tracer/agent/serve.py)
@@ -204,12 +205,27 @@ class Agent:
             self._stall(ev)  # type: ignore[arg-type]
         elif t is Lost:
             self._lost += ev.count  # type: ignore[attr-defined]
+        elif t is CgroupSample:
+            self._eta(ev)  # type: ignore[arg-type]
         elif isinstance(ev, CgroupInfo):
             unit = self._analyzer().unit_of_cgroup(ev.cgroup_id, ev.path)
             if unit is not None:
                 self._unit_paths[unit.label] = ev.path
                 if len(self._unit_paths) > MAX_UNIT_PATHS:  # (the oldest named first)
                     del self._unit_paths[next(iter(self._unit_paths))]
+
+    def _eta(self, ev: CgroupSample) -> None:
+        """The unit's time-to-limit gauge, from the Analyzer's estimate at its sample."""
+        est = self._analyzer().forecast(ev.cgroup_id)
+        if est is None and ev.cgroup_id not in self._eta_units:
+            return
+        unit = self._analyzer().unit_of_cgroup(ev.cgroup_id, ev.path)
+        labels = label_parts(unit.label if unit else ev.path)
+        if est is None:
+            self._eta_units.discard(ev.cgroup_id)
+        else:
+            self._eta_units.add(ev.cgroup_id)
+        self.metrics.eta(labels, est.seconds if est is not None else None)
 
     def _analyzer(self) -> Analyzer:
         assert self.recorder is not None

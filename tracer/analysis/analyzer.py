@@ -28,6 +28,7 @@ from signal import SIGKILL
 from typing import Any
 
 from tracer.analysis import rules
+from tracer.analysis.eta import Eta, Forecasts
 from tracer.analysis.evidence import MAX_PIDS, Evidence
 from tracer.analysis.findings import (
     APP_EXIT,
@@ -55,6 +56,8 @@ from tracer.analysis.units import UNSET, UnitName
 from tracer.analysis.wording import describe_status
 from tracer.events import (
     CgroupInfo,
+    CgroupSample,
+    EffectiveLimit,
     Event,
     Exec,
     Exit,
@@ -150,7 +153,12 @@ class Analyzer:
             UnitInfo: self._on_unit_info,
             ProbeSample: self._on_probe,
             CgroupInfo: self._on_cgroup_info,
+            CgroupSample: self._on_cgroup_sample,
+            EffectiveLimit: self._on_effective_limit,
         }
+        # time to the next limit of each watched cgroup, from the samples kept above
+        # (tracer/analysis/eta.py): here once, so tail, the agent and replay warn alike
+        self.eta = Forecasts(self.ev.samples_between)
 
     @classmethod
     def from_header(
@@ -213,6 +221,7 @@ class Analyzer:
         ids = list(ids)
         self.ev.forget_cgroups(ids)
         self.table.forget_cgroups(ids)
+        self.eta.forget(ids)
 
     def unit_of_pid(self, pid: int) -> str | None:
         """The label of the unit a process belongs to, while the process table holds it."""
@@ -411,6 +420,18 @@ class Analyzer:
     def _on_cgroup_info(self, ev: CgroupInfo) -> None:
         self._store[CgroupInfo](ev)
         self.table.named_by(ev.cgroup_id)  # (a path learnt or changed)
+
+    def _on_cgroup_sample(self, ev: CgroupSample) -> None:
+        self._store[CgroupSample](ev)
+        self.eta.sample(ev)
+
+    def _on_effective_limit(self, ev: EffectiveLimit) -> None:
+        self._store[EffectiveLimit](ev)
+        self.eta.limit(ev)
+
+    def forecast(self, cgroup_id: int) -> Eta | None:
+        """The watched cgroup's time-to-limit warning now, if any (tracer/analysis/eta.py)."""
+        return self.eta.current(cgroup_id)
 
     def finish(self) -> list[Verdict]:
         if self._held is not None:  # (nothing came after it to vouch for it)

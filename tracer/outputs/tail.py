@@ -2,8 +2,10 @@
 
 Fed events in time order (and the verdict an exit produced), it returns the lines to show:
 OOM kills, exits with their verdicts, long stalls, usage crossing 90% of the effective limit,
-PSI over thresholds, memory.high throttling, lost events. Storms are folded: per cgroup and
-kind, at most ``MAX_STALL_LINES`` single-stall lines per window, and a summary line per window
+PSI over thresholds, memory.high throttling, lost events, and the time-to-limit warnings of
+``tracer/analysis/eta.py`` (when a warning starts, when its time left halves, when it ends).
+Storms are folded: per cgroup and kind, at most ``MAX_STALL_LINES`` single-stall lines per
+window, and a summary line per window
 ("312 reclaim stalls, 4.1 s total, in /x over 2.0 s") once the window closes. Routine clean
 exits (code 0, not a unit's main process) are folded the same way, per unit: at most
 ``MAX_CLEAN_LINES`` per window, then one "N more clean exits" line. A line older than one
@@ -17,7 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from tracer.analysis.analyzer import Verdict
+from tracer.analysis.analyzer import Analyzer, Verdict
+from tracer.analysis.eta import Eta
 from tracer.analysis.quantities import fmt_bytes, fmt_duration
 from tracer.analysis.wording import lost_records, stall_kind
 from tracer.events import (
@@ -42,6 +45,7 @@ USAGE_WARN = 0.90
 USAGE_REARM = 0.85
 PSI_SOME_WARN = 10.0  # avg10 %, "some": at least one task stalled on memory
 PSI_FULL_WARN = 5.0  # "full": all non-idle tasks stalled at once
+ETA_REPEAT_S = 20.0  # a time-to-limit warning is shown again at half the time, down to this
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +53,7 @@ class TailLine:
     ts: int
     severity: str
     text: str
+    eta: Eta | None = None  # a time-to-limit warning's estimate (``--json`` carries it)
 
 
 @dataclass
@@ -64,6 +69,11 @@ class PressureFeed:
     """Turns events into tail lines. ``cgroup_path`` names cgroup ids (from CgroupInfo)."""
 
     cgroup_path: Callable[[int], str | None]
+    # the Analyzer's time-to-limit warning of a watched cgroup (``Analyzer.forecast``), and the
+    # unit a cgroup is (``Analyzer.unit_of_cgroup``'s label): without them, no warning lines
+    forecast: Callable[[int], Eta | None] | None = None
+    unit_of: Callable[[int, str], str | None] | None = None
+    _eta_shown: dict[int, float] = field(default_factory=dict)  # cgroup id -> seconds shown
     _windows: dict[tuple[int, str], _Window] = field(default_factory=dict)
     _limits: dict[int, int | None] = field(default_factory=dict)  # cgroup id -> effective limit
     _usage_high: set[int] = field(default_factory=set)
@@ -77,7 +87,9 @@ class PressureFeed:
         for line in lines:
             if line.ts < self._newest:
                 late = fmt_duration(self._newest - line.ts)
-                line = TailLine(line.ts, line.severity, f"{line.text} (shown {late} late)")
+                line = TailLine(
+                    line.ts, line.severity, f"{line.text} (shown {late} late)", line.eta
+                )
             self._newest = max(self._newest, line.ts)
             out.append(line)
         return out
@@ -223,7 +235,7 @@ class PressureFeed:
     # -- samples ---------------------------------------------------------------------------
 
     def _cgroup_sample(self, ev: CgroupSample) -> list[TailLine]:
-        out = []
+        out = self._eta(ev)
         limit = self._limits.get(ev.cgroup_id) or ev.limit_bytes
         if limit and ev.usage_bytes is not None:
             frac = ev.usage_bytes / limit
@@ -256,6 +268,25 @@ class PressureFeed:
         out.extend(self._psi(ev.ts, ev.cgroup_id, ev.psi_some_avg10, ev.psi_full_avg10, ev.path))
         return out
 
+    def _eta(self, ev: CgroupSample) -> list[TailLine]:
+        """A line when a watched cgroup's warning starts, again when its time left has halved
+        since the last line (while that was ETA_REPEAT_S or more: not a line a second in the
+        last seconds), and one when the growth stops (tracer/analysis/eta.py)."""
+        if self.forecast is None:
+            return []
+        est = self.forecast(ev.cgroup_id)
+        shown = self._eta_shown.get(ev.cgroup_id)
+        unit = (self.unit_of(ev.cgroup_id, ev.path) if self.unit_of else None) or ev.path
+        if est is None:
+            if shown is None:
+                return []
+            del self._eta_shown[ev.cgroup_id]
+            return [TailLine(ev.ts, INFO, f"eta     {unit}: no longer heading for its limit")]
+        if shown is not None and (est.seconds >= shown / 2 or shown < ETA_REPEAT_S):
+            return []
+        self._eta_shown[ev.cgroup_id] = est.seconds
+        return [TailLine(ev.ts, WARN, f"eta     {eta_text(unit, est)}", est)]
+
     def _psi(
         self,
         ts: int,
@@ -283,3 +314,38 @@ class PressureFeed:
             elif value < limit / 2:
                 self._psi_high.discard(key)
         return out
+
+
+def feed_of(analyzer: Callable[[], Analyzer]) -> PressureFeed:
+    """The tail's feed, naming cgroups and units and taking the time-to-limit warnings from
+    the analyzer ``analyzer()`` returns (live, the recorder's, once it exists; on replay, the
+    replay's): ``tail`` and ``replay --tail`` / ``--warnings`` are built here alike."""
+
+    def unit_of(cgroup_id: int, path: str) -> str | None:
+        unit = analyzer().unit_of_cgroup(cgroup_id, path)
+        return unit.label if unit is not None else None
+
+    return PressureFeed(
+        lambda cid: analyzer().cgroup_path(cid),
+        forecast=lambda cid: analyzer().forecast(cid),
+        unit_of=unit_of,
+    )
+
+
+def _seconds(s: float) -> str:
+    return f"{s:.0f} s" if s < 120 else f"{s / 60:.1f} min"
+
+
+def eta_text(unit: str, est: Eta) -> str:
+    """A time-to-limit warning in words (the unit and path are escaped where the line is
+    printed, with the rest of it)."""
+    lim = est.limit
+    what = "limit" if lim.kind == "max" else "memory.high (allocations throttled)"
+    where = "" if lim.path == unit else f" on {lim.path}"
+    low, high = _seconds(est.low_s), _seconds(est.high_s)
+    band = f" ({low}-{high})" if low != high else ""
+    return (
+        f"{unit} will reach its {fmt_bytes(lim.bytes)} {what}{where} in "
+        f"~{_seconds(est.seconds)}{band} at +{fmt_bytes(est.rate)}/s {est.growing}; "
+        f"{fmt_bytes(est.used)} used, {fmt_bytes(est.reclaimable)} of it reclaimable"
+    )

@@ -1,0 +1,79 @@
+"""Records the traces the eta section scores (root):
+``python -m bench.eta_traces OUT_DIR [NAME ...]``.
+
+Each scenario runs under ``whyrestart record`` in a child memory cgroup of this process's own,
+with its limit; ``*_oom`` ones grow until the OOM killer takes them, ``*_ok`` ones end without
+an OOM kill. The traces in tests/data/eta_*.trace.zst were recorded with it (cgroup v1,
+kernel 6.18, the development VM).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.workloads import cache_churn, in_cgroup
+from tracer.sources.cgroupfs import CgroupLayout, ChildCgroup, own_memory_cgroup
+
+MiB = 1 << 20
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def grow(rate_mib: float, step_mib: int = 1) -> str:
+    """Anonymous memory, ``step_mib`` at a time, at ``rate_mib`` MiB/s, until killed."""
+    return (
+        "import time\nchunks = []\nstart = time.monotonic()\nwhile True:\n"
+        f"    chunks.append(bytearray(b'x' * ({step_mib} << 20)))\n"
+        f"    time.sleep(max(0.0, start + len(chunks) * {step_mib} / {rate_mib}"
+        " - time.monotonic()))\n"
+    )
+
+
+# a startup: 150 MiB at once (a model's weights copied into memory), then serving, flat
+RAMP = "import time\nchunks = [bytearray(b'x' * (1 << 20)) for _ in range(150)]\ntime.sleep(35)\n"
+# a steady server: 80 MiB, plus 0-8 MiB of requests in flight, for 40 s
+STEADY = (
+    "import random, time\nbase = [bytearray(b'x' * (1 << 20)) for _ in range(80)]\nextra = []\n"
+    "end = time.monotonic() + 40\nwhile time.monotonic() < end:\n"
+    "    if extra and random.random() < 0.5:\n        extra.pop()\n"
+    "    elif len(extra) < 8:\n        extra.append(bytearray(b'x' * (1 << 20)))\n"
+    "    time.sleep(0.2)\n"
+)
+
+
+def scenarios(cache_file: str) -> dict[str, tuple[int, list[str]]]:
+    return {
+        "eta_leak8_oom": (256 * MiB, ["-c", grow(8)]),
+        "eta_leak3_oom": (160 * MiB, ["-c", grow(3)]),
+        "eta_steps_oom": (384 * MiB, ["-c", grow(12, 24)]),
+        "eta_ramp_ok": (256 * MiB, ["-c", RAMP]),
+        "eta_steady_ok": (256 * MiB, ["-c", STEADY]),
+        "eta_cache_ok": (64 * MiB, ["-c", cache_churn(40), cache_file]),  # page cache on disk
+    }
+
+
+def main(argv: list[str]) -> int:
+    out = Path(argv[0])
+    scen = scenarios(f"/var/tmp/wr-eta-cache-{os.getpid()}")
+    layout = CgroupLayout.from_system()
+    parent = own_memory_cgroup(layout=layout)
+    for name in argv[1:] or list(scen):
+        limit, args = scen[name]
+        with ChildCgroup(parent, f"wr-eta-{name}-{os.getpid()}", limit, layout=layout) as cg:
+            trace = out / f"{name}.trace.zst"
+            cmd = [sys.executable, "-m", "tracer.cli", "record", "-q", "-o", str(trace), "--"]
+            r = subprocess.run(
+                [*cmd, *in_cgroup(cg, sys.executable, *args)],
+                capture_output=True,
+                text=True,
+                timeout=300,
+                env={**os.environ, "PYTHONPATH": str(ROOT)},
+            )
+        print(name, r.returncode, r.stderr[-300:], flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
