@@ -120,3 +120,13 @@ def test_orchestrators_wait_for_the_agents_readiness() -> None:
     # (the notify socket is AF_UNIX: the unit's address families must allow it)
     [families] = re.findall(r"^RestrictAddressFamilies=(.*)$", text, re.M)
     assert "AF_UNIX" in families.split()
+
+
+def test_the_unit_may_resume_a_held_process_of_any_user() -> None:
+    """The GPU hold SIGSTOPs a program of whatever user opens libcuda; the agent and its guard
+    resume it with SIGCONT, which a root without CAP_KILL may not send to another user's
+    process (kill(2): EPERM), so the program would stay stopped."""
+    text = UNIT.read_text()
+    for key in ("AmbientCapabilities", "CapabilityBoundingSet"):
+        [caps] = re.findall(rf"^{key}=(.*)$", text, re.M)
+        assert "CAP_KILL" in caps.split(), key
