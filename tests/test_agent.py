@@ -230,9 +230,14 @@ def test_the_agents_analyzer_hands_every_verdict_on_and_keeps_none() -> None:
         st.killed(10.0, 7, 9, comm="hog"),
         *(st.exit_code(11.0 + i / 100, 100 + i, 3, comm="job") for i in range(50)),
     ]
-    lean = Analyzer(every_verdict=True, keep_verdicts=False)
+    # the analyzers the agent's recorder and a recording's build (code review 3 §4: not ones
+    # made by hand with other settings)
+    from tracer.agent.run import PROFILE
+    from tracer.pipeline.record import Recorder, Targets
+
+    lean = Recorder(None, Targets(all=True), profile=PROFILE, on_event=lambda *_: None).analyzer
     handed = [v for ev in stream for v in lean.feed(ev)] + lean.finish()
-    full = Analyzer(every_verdict=True)
+    full = Recorder(None, Targets(all=True)).analyzer
     full.feed_all(stream)
     assert [(v.pid, v.cause) for v in handed] == [(v.pid, v.cause) for v in full.verdicts]
     assert len(handed) == 51 and handed[0].cause == "cgroup_oom"

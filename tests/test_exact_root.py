@@ -29,7 +29,7 @@ from tests.recording import record
 from tests.workloads import cache_churn, in_cgroup
 from tracer.analysis.findings import Verdict
 from tracer.events import Event, Exit, OomKill, Signal
-from tracer.pipeline.record import Recorder, RecordResult, Targets
+from tracer.pipeline.record import Profile, Recorder, RecordResult, Targets
 from tracer.sources.cgroupfs import CgroupLayout, ChildCgroup
 from tracer.trace.reader import read_trace
 
@@ -511,7 +511,7 @@ def test_every_stall_is_counted_once_in_the_summaries(
                 str(tmp_path / "churn.trace"),
                 Targets(command=in_cgroup(cg, sys.executable, "-c", CACHE_CHURN, str(scratch))),
                 duration=120,
-                stall_threshold_ns=0,
+                profile=Profile(stall_threshold_ns=0),
             ).run()
     finally:
         scratch.unlink(missing_ok=True)

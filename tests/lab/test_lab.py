@@ -32,7 +32,7 @@ from tracer.bpf import gpuhooks, hooks, layout
 from tracer.errors import BpfError
 from tracer.events import Event, Exit, KmsgOom, OomKill, ReclaimStall, ReclaimSummary
 from tracer.parse.cgroup import parse_flat_keyed
-from tracer.pipeline.record import Recorder, RecordResult, Targets
+from tracer.pipeline.record import Profile, Recorder, RecordResult, Targets
 from tracer.sources import system
 from tracer.sources.cgroupfs import CgroupLayout, ChildCgroup, own_memory_cgroup
 from tracer.trace.reader import read_trace
@@ -192,7 +192,10 @@ def record(
     out = str(tmp_path / "lab.trace")
     try:
         res = Recorder(
-            out, Targets(command=argv), duration=90, stall_threshold_ns=stall_threshold_ns
+            out,
+            Targets(command=argv),
+            duration=90,
+            profile=Profile(stall_threshold_ns=stall_threshold_ns),
         ).run()
     except BpfError as exc:
         if exc.step == "draining map reclaim_stats" and exc.errno == ENOTSUPP:

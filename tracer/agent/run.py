@@ -33,23 +33,28 @@ from tracer.analysis.units import label_parts
 from tracer.clock import wall_time
 from tracer.errors import UsageError
 from tracer.events import CgroupInfo, CgroupSample, Event, Lost, ReclaimStall, ReclaimSummary
-from tracer.pipeline.record import Recorder, Targets
+from tracer.pipeline.record import Profile, Recorder, Targets
 from tracer.safetext import field
 from tracer.sources.cgroupfs import CgroupLayout, CgroupResolver
 from tracer.trace.format import TraceFooter
 
 HOUSEKEEPING_S = 5.0
 SWEEP_S = 300.0  # how often the cgroups the run keeps something about are checked for gone
-AGENT_POLL_MS = 100
-AGENT_IDLE_POLL_MS = 500
 MAX_UNIT_PATHS = 65536
-AGENT_SAMPLE_INTERVAL_NS = 1_000_000_000
-# a cgroup whose usage has not moved is sampled in full every 10 s, not every second: 100 idle
-# containers cost the agent 1.2% of a core at idle, sampled in full each second
-AGENT_QUIET_INTERVAL_NS = 10_000_000_000
-# a process not mapping libcuda is looked at again after 1, 2, 4 ... s, at most every minute
-# (tracer/gpu/side.py): not each second for every long-running server on the node
-AGENT_GPU_RESCAN_MAX_NS = 60_000_000_000
+# The always-on recorder: it needs no 10 ms reaction (an OOM kill wakes it at once) nor 10
+# samples a second of every cgroup: a tenth of the wake-ups and samples, and half a second's wait
+# once quiet for a second. A cgroup whose usage has not moved is sampled in full every 10 s, not
+# every second (100 idle containers cost 1.2% of a core at idle, sampled in full each second). A
+# process not mapping libcuda is looked at again after 1, 2, 4 ... s, at most every minute
+# (tracer/gpu/side.py): not each second for every long-running server on the node.
+PROFILE = Profile(
+    agent=True,
+    poll_ms=100,
+    idle_poll_ms=500,
+    sample_interval_ns=1_000_000_000,
+    quiet_interval_ns=10_000_000_000,
+    gpu_rescan_max_gap_ns=60_000_000_000,
+)
 DEFAULT_MAX_DISK = 1 << 30
 DEFAULT_METRICS_ADDR = "127.0.0.1:9464"
 
@@ -112,7 +117,6 @@ class Agent:
         self._clean_seen: dict[int, int] = {}  # cgroup id -> clean exits already counted
         self._next_sweep = time.monotonic() + SWEEP_S
         self._gone_before: set[int] = set()  # cgroups found gone by the last sweep
-        self.resolver = CgroupResolver(self.layout)
 
     # -- the run ----------------------------------------------------------------------------
 
@@ -149,14 +153,7 @@ class Agent:
                 sinks=[self.segments, self.incidents, _Housekeeping(self)],
                 reload=self._reload,
                 on_ready=self._on_ready,
-                agent_filter=True,
-                # an always-on agent needs no 10 ms reaction (an OOM kill wakes it at once) nor
-                # 10 samples a second of every cgroup: a tenth of the wake-ups and samples
-                poll_ms=AGENT_POLL_MS,
-                idle_poll_ms=AGENT_IDLE_POLL_MS,  # (and half a second once quiet for a second)
-                sample_interval_ns=AGENT_SAMPLE_INTERVAL_NS,
-                quiet_interval_ns=AGENT_QUIET_INTERVAL_NS,
-                gpu_rescan_max_gap_ns=AGENT_GPU_RESCAN_MAX_NS,
+                profile=PROFILE,
             )
             self.recorder.run()
         finally:
@@ -299,7 +296,7 @@ class Agent:
             delta = total - before if total >= before else total  # (the LRU dropped it)
             self._clean_seen[cid] = total
             if delta:
-                unit = self._analyzer().unit_of_cgroup(cid, self.resolver.path_of(cid))
+                unit = self._analyzer().unit_of_cgroup(cid, self._resolver().path_of(cid))
                 self.metrics.clean_exits(label_parts(unit.label if unit else None), delta)
         if len(self._clean_seen) > len(counts):
             # the kernel's map dropped them (LRU): so do we, and stay as small as it is
@@ -316,14 +313,20 @@ class Agent:
         if forget:
             self.recorder.forget_cgroups(forget)
 
+    def _resolver(self) -> CgroupResolver:
+        """The recording's own resolver, which learns each new cgroup as the kernel makes it:
+        one per agent, so a miss never walks the hierarchy again (code review 3 §3)."""
+        assert self.recorder is not None and self.recorder.resolver is not None
+        return self.recorder.resolver
+
     def _cgroup_exists(self, cgroup_id: int, path: str) -> bool:
-        return self.resolver.id_now(path) == cgroup_id  # (a path made again is a new id)
+        return self._resolver().id_now(path) == cgroup_id  # (a path made again is a new id)
 
     def _alive(self, unit: str) -> bool:
         """A unit's cgroup still exists (asked once its series have been quiet for the ttl:
         a unit that is gone is forgotten here too)."""
         path = self._unit_paths.get(unit)
-        if path is not None and self.resolver.exists(path):
+        if path is not None and self._resolver().exists(path):
             return True
         self._unit_paths.pop(unit, None)
         return False

@@ -192,6 +192,27 @@ class _StopFlag:
         self.set(f"interrupted by {signal.Signals(signum).name}")
 
 
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """How a recording runs, apart from what it watches: an interactive one (``record``,
+    ``tail``, ``repro``: the defaults) or the always-on agent (``tracer.agent.run.PROFILE``).
+
+    ``agent``: the kernel counts clean exits outside a unit's main process instead of sending
+    them (bpf/whyrestart.bpf.c), an OOM kill is judged as soon as its evidence is in, and no
+    verdict is kept (the agent's sinks take each one as it comes). The rest is the loop's pace:
+    how long a step waits for the ring (``idle_poll_ms`` once quiet for a second), how often the
+    cgroups are sampled (a quiet one in full only every ``quiet_interval_ns``), the longest gap
+    between two GPU rescans of a process, and the reclaim stall worth an event of its own."""
+
+    agent: bool = False
+    poll_ms: int = POLL_MS
+    idle_poll_ms: int | None = None
+    sample_interval_ns: int = DEFAULT_INTERVAL_NS
+    quiet_interval_ns: int | None = None
+    gpu_rescan_max_gap_ns: int = SCAN_INTERVAL_NS
+    stall_threshold_ns: int = DEFAULT_STALL_THRESHOLD_NS
+
+
 class Recorder:
     """One recording: the pipeline (tracer.pipeline) assembled from the targets, run until the
     command exits, the duration passes or a signal arrives, then drained and closed.
@@ -213,39 +234,27 @@ class Recorder:
         output: str | None,
         targets: Targets,
         *,
+        profile: Profile = Profile(),
         duration: float | None = None,
         status: Callable[[str, bool], None] | None = None,
         on_event: Callable[[Event | None, list[Verdict]], None] | None = None,
-        stall_threshold_ns: int = DEFAULT_STALL_THRESHOLD_NS,
-        sample_interval_ns: int = DEFAULT_INTERVAL_NS,
-        quiet_interval_ns: int | None = None,
-        gpu_rescan_max_gap_ns: int = SCAN_INTERVAL_NS,
         overwrite: bool = False,
         sources: Sequence[Source] = (),
         sinks: Sequence[Sink] = (),
         reload: Callable[[], None] | None = None,
-        agent_filter: bool = False,
-        poll_ms: int = POLL_MS,
-        idle_poll_ms: int | None = None,
         on_ready: Callable[[], None] | None = None,
     ) -> None:
+        self.profile = profile
         self.on_ready = on_ready
         self.overwrite = overwrite
         # SIGHUP: with ``reload`` (the agent), call it from the loop instead of stopping
         self.reload = reload
-        # the agent's kernel-side filter (bpf/whyrestart.bpf.c: clean exits counted, not sent)
-        self.agent_filter = agent_filter
-        # how long a loop step waits for the ring (bulk records are sent without a wake-up;
-        # urgent ones, an OOM kill, wake it at once)
-        self.poll_ms = poll_ms
-        self.idle_poll_ms = idle_poll_ms
         self.kernel: hooks.KernelHooks | None = None
         self._reload_pending = False
         self._guard: selfguard.Guard | None = None
-        self.sample_interval_ns = sample_interval_ns
-        self.quiet_interval_ns = quiet_interval_ns  # (tracer.sources.samplers.SamplerSet)
-        self.gpu_rescan_max_gap_ns = gpu_rescan_max_gap_ns  # (tracer.gpu.side.GpuSide)
-        self.stall_threshold_ns = stall_threshold_ns
+        # the run's one cgroup resolver (the agent asks it too) and its follower: set at start
+        self.resolver: CgroupResolver | None = None
+        self.follower: Follower | None = None
         self.output = output
         self.targets = targets
         self.duration = duration
@@ -264,8 +273,8 @@ class Recorder:
         self.analyzer = Analyzer.from_header(
             targets.describe(),
             every_verdict=on_event is not None,
-            early_oom=agent_filter,
-            keep_verdicts=not agent_filter,
+            early_oom=profile.agent,
+            keep_verdicts=not profile.agent,
         )
 
     # -- set-up -----------------------------------------------------------------------------
@@ -311,8 +320,8 @@ class Recorder:
             _check_output(self.output, self.overwrite)
         system.ensure_tracefs()
         cg_layout = CgroupLayout.from_system()
-        resolver = CgroupResolver(cg_layout)
-        self.follower = Follower(
+        resolver = self.resolver = CgroupResolver(cg_layout)
+        follower = self.follower = Follower(
             self.targets.containers,
             self.targets.probes,
             resolver.path_of,
@@ -320,18 +329,18 @@ class Recorder:
             id_now=resolver.id_now,
             cri_endpoint=self.targets.runtime_endpoint,
         )
-        for path in self.follower.initial_cgroups():
+        for path in follower.initial_cgroups():
             self.targets.cgroups.append(path)
         cgroup_ids = self._validate(resolver)
         config = layout.WrConfig(
             filter_all=int(self.targets.all),
             memcg_v1=int(cg_layout.memory_version == 1),
             self_tgid=os.getpid(),
-            watch_cgroups=int(bool(cgroup_ids) or self.follower.following),
-            stall_threshold_ns=self.stall_threshold_ns,
-            follow_cgroups=int(self.follower.following),
+            watch_cgroups=int(bool(cgroup_ids) or follower.following),
+            stall_threshold_ns=self.profile.stall_threshold_ns,
+            follow_cgroups=int(follower.following),
             hierarchy_id=memory_hierarchy_id(cg_layout),
-            agent_filter=int(self.agent_filter),
+            agent_filter=int(self.profile.agent),
         )
         kernel = self.kernel = hooks.KernelHooks(config)
         try:
@@ -345,7 +354,8 @@ class Recorder:
         always-on agent's sweep; a recording's cgroups are few)."""
         ids = list(ids)
         self.analyzer.forget_cgroups(ids)
-        self.follower.forget_cgroups(ids)
+        if self.follower is not None:
+            self.follower.forget_cgroups(ids)
         for e in self._pipeline.enrichers if self._pipeline is not None else ():
             if isinstance(e, CgroupNamer | WatchSet):
                 e.forget_cgroups(ids)
@@ -362,11 +372,13 @@ class Recorder:
         look at the watched set."""
         attached = kernel.attach()
         t = self.targets
+        follower = self.follower
+        assert follower is not None  # (made by _run_guarded, before the hooks)
         samplers = SamplerSet(
             cg_layout,
             resolver,
-            interval_ns=self.sample_interval_ns,
-            quiet_interval_ns=self.quiet_interval_ns,
+            interval_ns=self.profile.sample_interval_ns,
+            quiet_interval_ns=self.profile.quiet_interval_ns,
         )
         watch = WatchSet(
             kernel, samplers, resolver, every=t.all, pids=t.pids, cgroup_paths=t.cgroups
@@ -378,8 +390,8 @@ class Recorder:
                 kernel,
                 attached,
                 hooks.ENRICHING,
-                wait_ms=self.poll_ms,
-                idle_wait_ms=self.idle_poll_ms,
+                wait_ms=self.profile.poll_ms,
+                idle_wait_ms=self.profile.idle_poll_ms,
             )
             opened.append(ring)
             kmsg = KmsgSource(watch.wants_kmsg)
@@ -396,16 +408,16 @@ class Recorder:
                     "watched_cgroups": kernel.watched_cgroups.fd,
                 },
                 watch_cgroups=bool(kernel.config.watch_cgroups),
-                rescan_max_gap_ns=self.gpu_rescan_max_gap_ns,
+                rescan_max_gap_ns=self.profile.gpu_rescan_max_gap_ns,
             )
             gpu_source = GpuSource(gpu)
             opened.append(gpu_source)
             gpu.watch(watch.known_pids)
-            follower_source = FollowerSource(self.follower)
+            follower_source = FollowerSource(follower)
             opened.append(follower_source)
-            for path in self.follower.follow_paths():
+            for path in follower.follow_paths():
                 kernel.follow_path(path)
-            self.follower.start()
+            follower.start()
         except BaseException:
             for src in reversed(opened):
                 with contextlib.suppress(Exception):
@@ -426,9 +438,9 @@ class Recorder:
         enrichers: list[Enricher] = [
             watch,
             gpu_source,
-            Follow(self.follower, kernel, watch),
+            Follow(follower, kernel, watch),
             SenderExe(),
-            CgroupNamer(resolver, self.follower),
+            CgroupNamer(resolver, follower),
         ]
         pipeline = Pipeline(sources, enrichers, [], clock=boottime_ns)
         return pipeline, watch, gpu, counters
@@ -548,7 +560,7 @@ class Recorder:
                 **parts.extra,
                 "self_protection": self._guard.applied if self._guard else {},
                 # (a trace of the agent's filter holds no clean exit of a unit's helpers)
-                **({"agent_filter": True} if self.agent_filter else {}),
+                **({"agent_filter": True} if self.profile.agent else {}),
             },
         )
 
