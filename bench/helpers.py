@@ -1,7 +1,9 @@
-"""The C workloads (bench/c/*.c), compiled with gcc into build/bench/ at the start of each run."""
+"""The C workloads (bench/c/*.c), compiled with gcc into build/bench/ at the start of each run,
+and the Go one (bench/go/gobusy.go), built with Debian's golang when the agent section wants it."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 
@@ -14,6 +16,8 @@ MARKER = BUILD / "wr-marker"
 SIGSTORM = BUILD / "wr-sigstorm"
 RECLAIM = BUILD / "wr-reclaim"
 FAIL = BUILD / "wr-fail"
+SIGPROF = BUILD / "wr-sigprof"
+GOBUSY = BUILD / "wr-gobusy"
 STORM_COMM = "wr-storm"  # what every storm child's exit carries (children never exec)
 FAIL_COMM = "wr-fail"  # the agent section's OOM victims and fatal-signal deaths
 MARKER_PREFIX = "wrmk"  # marker children name themselves wrmk%05d
@@ -36,6 +40,7 @@ def build_helpers() -> dict[str, str]:
         ("sigstorm.c", SIGSTORM),
         ("reclaim.c", RECLAIM),
         ("fail.c", FAIL),
+        ("sigprof.c", SIGPROF),
     ):
         base = [gcc, "-O2", "-Wall", "-Wextra", "-o", str(out), str(SRC / src)]
         # Static: no dynamic loader work in the children, and a higher storm rate.
@@ -47,3 +52,23 @@ def build_helpers() -> dict[str, str]:
             raise BuildFailed(f"building {src} failed:\n{r.stderr.decode(errors='replace')}")
         info[out.name] = "static" if static else "dynamic"
     return info
+
+
+def build_gobusy() -> str | None:
+    """Build wr-gobusy; None when it is built, else why not (the phase that needs it says so)."""
+    go = shutil.which("go")
+    if not go:
+        return "no Go toolchain (apt-get install golang; scripts/setup installs it)"
+    BUILD.mkdir(parents=True, exist_ok=True)
+    cache = BUILD / "gocache"  # (root's HOME may be unset or read-only: a cache of its own)
+    env = {
+        **os.environ,
+        "GOCACHE": str(cache),
+        "GOPATH": str(BUILD / "gopath"),
+        "GO111MODULE": "off",
+    }
+    src = ROOT / "bench" / "go" / "gobusy.go"
+    r = subprocess.run([go, "build", "-o", str(GOBUSY), str(src)], capture_output=True, env=env)
+    if r.returncode != 0:
+        return f"building gobusy.go failed: {r.stderr.decode(errors='replace')[-500:]}"
+    return None

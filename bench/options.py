@@ -83,6 +83,9 @@ class Options:
     agent_oom_limit_mib: int = 16
     agent_soak: float = 180.0
     agent_soak_rate: float = 200.0
+    agent_noisy: float = 20.0
+    agent_goroutines: int = 64
+    agent_noisy_failures: int = 10
     keep_tmp: bool = False
 
     def pinned(self, cmd: list[str]) -> list[str]:
@@ -132,6 +135,12 @@ SECTION_OPTIONS: tuple[tuple[str, str], ...] = (
     (
         "agent_soak_rate",
         "agent: paced exits/s during the soak, mixed codes in a child cgroup (200)",
+    ),
+    ("agent_noisy", "agent: length of the phase beside a busy Go program and a profiler, s (20)"),
+    ("agent_goroutines", "agent: spinning goroutines of that Go program (64)"),
+    (
+        "agent_noisy_failures",
+        "agent: OOM kills and fatal-signal deaths paced over that phase, half each (10)",
     ),
 )
 
@@ -227,6 +236,7 @@ def parse_args(argv: list[str] | None = None) -> Options:
         opts.agent_idle, opts.agent_paced, opts.agent_storm, opts.agent_soak = 2.0, 1.0, 1.0, 5.0
         opts.agent_fatal, opts.agent_ooms, opts.agent_kills = 2, 1, 3
         opts.agent_cgroups = 5
+        opts.agent_noisy, opts.agent_noisy_failures = 3.0, 2
     if opts.rounds < 1 or opts.seconds <= 0:
         ap.error("--rounds and --seconds must be positive")
     bad = [s for s in opts.sections if s not in SECTIONS]

@@ -75,6 +75,7 @@ class Run(TypedDict, total=False):
     storm_forks_seen: int
     storm_self_exit_seen: int
     signals_seen: int
+    signals_counted: int  # whyrestart: SIGUSR1s the kernel counted instead of recording
     reclaims_by_cgroup: dict[str, int]
     stall_records: int
     lost_records_sum: int

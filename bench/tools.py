@@ -150,8 +150,13 @@ class Whyrestart(Variant):
             footer = reader.footer
             counts = dict(reader.counts)
             warnings = list(reader.warnings)
+        # The storm's child handles SIGUSR1: the kernel counts those signals instead of sending
+        # records (footer signals_unsent), and the markers' ignored SIGUSR1s (one each, before
+        # its exit) with them.
+        unsent = footer.extra.get("signals_unsent", {}) if footer else {}
+        counted = max(0, int(unsent.get("SIGUSR1", 0)) - len(markers))
         if self.section == "signals":
-            seen = signals
+            seen = signals + counted
         elif self.section == "reclaim":
             seen = reclaims.get(work.get("cgroup_id", -1), 0)
         else:
@@ -162,6 +167,7 @@ class Whyrestart(Variant):
             "storm_forks_seen": storm_forks,
             "storm_self_exit_seen": storm_self_exit,
             "signals_seen": signals,
+            "signals_counted": counted,
             "reclaims_by_cgroup": {str(k): v for k, v in reclaims.items()},
             "stall_records": stalls,
             "lost": footer.lost if footer else lost_records,

@@ -66,7 +66,7 @@ struct wr_signal {
 	__s32 si_code;
 	__s32 result;     /* TRACE_SIGNAL_* */
 	__u32 group;
-	__u32 _pad;
+	__u32 flags;      /* WR_SIGF_* (was padding: the layout is unchanged) */
 	char target_comm[WR_COMM_LEN];
 };
 
@@ -83,7 +83,21 @@ struct wr_oom {
 	__u64 limit_pages;     /* its page_counter max */
 	__u64 usage_pages;     /* its page_counter usage */
 	char victim_comm[WR_COMM_LEN];
+	__u32 constraint;      /* enum wr_oom_constraint: oc->constraint, where it was read */
+	__u32 flags;           /* WR_OOM_* */
 };
+
+/* wr_oom.constraint: the kernel's enum oom_constraint, and "not read" (the guessing rungs) */
+enum wr_oom_constraint {
+	WR_OOM_CONSTRAINT_UNKNOWN = 0,
+	WR_OOM_CONSTRAINT_NONE = 1, /* the whole machine */
+	WR_OOM_CONSTRAINT_CPUSET = 2,
+	WR_OOM_CONSTRAINT_MEMPOLICY = 3,
+	WR_OOM_CONSTRAINT_MEMCG = 4,
+};
+
+/* wr_oom.flags: the victim was already exiting by itself (marked, not killed) */
+#define WR_OOM_EXITING 1
 
 /* A watched process created a new process. The header names the parent. */
 struct wr_fork {
@@ -255,5 +269,17 @@ struct wr_gpu_config {
 	__u32 holder;     /* this recorder's id in wr_gpu_peers (random: unique per object) */
 	__u32 _pad;
 };
+
+/* ---------------------------------------------------------------------------------------- */
+/* Signals to watched processes that cost no record (handled, ignored, or beyond the per-second
+ * cap; whyrestart.bpf.c says which are sent): per-CPU counts in map signals_unsent, one slot
+ * per signal number 1..64 (slot 0: a number out of range). */
+#define WR_SIG_SLOTS 65
+
+/* wr_signal.flags. SENDER_EXITING: the sender was past do_exit() (PF_EXITING): no program sends
+ * a signal then, the kernel's exit path does, i.e. forget_original_parent()'s PR_SET_PDEATHSIG
+ * signal to a child of the exiting thread (kernel/exit.c; it fires when the *thread* that forked
+ * the child exits, though the process lives on). */
+#define WR_SIGF_SENDER_EXITING 1
 
 #endif /* WHYRESTART_EVENTS_H */

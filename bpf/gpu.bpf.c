@@ -116,19 +116,26 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } wr_gpu_peers SEC(".maps");
 
-/* [0] = 1 while user space resumes held processes (set once its guard runs, cleared before it
- * closes): no hold without somebody to end it. */
+/* [0] = user space's heartbeat: when it last said it resumes held processes (CLOCK_BOOTTIME ns;
+ * 0 = holding off). It is set once its guard runs and refreshed every loop of the recorder
+ * (tracer/gpu/side.py HEARTBEAT_NS); a hold is taken only while it is fresher than
+ * WR_HEARTBEAT_STALE_NS, so a recorder that is stuck, frozen (cgroup freezer, SIGSTOP) or
+ * dead stops nobody new: no hold without somebody to end it. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);
-	__type(value, __u32);
+	__type(value, __u64);
 } gpu_hold_on SEC(".maps");
 
-/* Per CPU: [0] holds taken, [1] holds not taken (gpu_held full, or the signal failed). */
+/* The recorder refreshes every loop (at most ~0.5 s apart when idle): 2 s is four missed loops. */
+#define WR_HEARTBEAT_STALE_NS 2000000000ULL
+
+/* Per CPU: [0] holds taken, [1] holds not taken (gpu_held full, or the signal failed), [2]
+ * spared because the heartbeat was stale, [3] spared because the task is ptraced. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 2);
+	__uint(max_entries, 4);
 	__type(key, __u32);
 	__type(value, __u64);
 } gpu_hold_counts SEC(".maps");
@@ -549,6 +556,12 @@ static __always_inline bool named_libcuda(struct file *f)
 	return true;
 }
 
+/* include/uapi/linux/magic.h */
+#define WR_OVERLAYFS_SUPER_MAGIC 0x794c7630
+/* the dev of a file seen through overlayfs (tracer/bpf/gpuhooks.py OVERLAY_DEV): no dev_t is
+ * wider than 32 bits */
+#define WR_GPU_FILE_OVERLAY (1ULL << 63)
+
 /* fmode_t bits (include/linux/fs.h; stable since 2.6.39, when FMODE_PATH came with O_PATH). */
 #define WR_FMODE_READ 0x1
 #define WR_FMODE_WRITE 0x2
@@ -576,12 +589,13 @@ static __always_inline int hold_if_unprobed(long ret)
 	struct file **fds, *f = NULL;
 	struct wr_gpu_hold h = {};
 	struct wr_gpu_peer_key peer = {};
-	__u32 zero = 0, tgid, *on;
+	__u32 zero = 0, tgid;
+	__u64 *beat;
 
 	if (ret < 0)
 		return 0;
-	on = bpf_map_lookup_elem(&gpu_hold_on, &zero);
-	if (!on || !*on)
+	beat = bpf_map_lookup_elem(&gpu_hold_on, &zero);
+	if (!beat || !*beat)
 		return 0;
 	tgid = bpf_get_current_pid_tgid() >> 32;
 	if (!watched(tgid))
@@ -599,9 +613,35 @@ static __always_inline int hold_if_unprobed(long ret)
 		return 0;
 	h.file.dev = BPF_CORE_READ(f, f_inode, i_sb, s_dev);
 	h.file.ino = BPF_CORE_READ(f, f_inode, i_ino);
+	/* Through overlayfs (every container's image) f_inode is the overlay's inode, and each
+	 * overlay mount (each container start) has a dev of its own; uprobes are keyed by the real
+	 * inode underneath (d_real_inode, kernel/trace/trace_uprobe.c), which every container of
+	 * the image shares. Its i_ino is the real inode's number where the layers share one file
+	 * system (fs/overlayfs/inode.c ovl_map_ino: the usual /var/lib/containers or containerd
+	 * snapshotter layout; with xino, the real number plus the layer's fsid in the high bits),
+	 * so overlay files are keyed by that number alone: one hold per real file, not one per
+	 * container. (The real inode itself sits behind overlayfs-private structures that changed
+	 * in 6.6 and 6.13.) */
+	if (BPF_CORE_READ(f, f_inode, i_sb, s_magic) == WR_OVERLAYFS_SUPER_MAGIC)
+		h.file.dev = WR_GPU_FILE_OVERLAY;
 	if (bpf_map_lookup_elem(&gpu_probed_files, &h.file))
 		return 0;
 	h.ts_ns = bpf_ktime_get_boot_ns();
+	/* Past this point the process would be held. Nobody is resuming holds (the recorder stopped
+	 * its loop, or is gone with its guard): hold nobody, count it. (A stale read of the beat
+	 * only errs one way: an older value spares the opener.) */
+	if ((__s64)(h.ts_ns - *beat) > (__s64)WR_HEARTBEAT_STALE_NS) {
+		count(&gpu_hold_counts, 2);
+		return 0;
+	}
+	/* A traced task: SIGSTOP reaches its debugger (gdb shows "SIGSTOP"), which may swallow it
+	 * or pass it later, and SIGCONT wakes only __TASK_STOPPED, never TASK_TRACED
+	 * (kernel/signal.c prepare_signal): the one SIGCONT is spent and the task group-stops with
+	 * nobody to resume it. Its first driver calls are left to the maps scan. */
+	if (BPF_CORE_READ(task, ptrace)) {
+		count(&gpu_hold_counts, 3);
+		return 0;
+	}
 	h.fd = ret;
 	if (bpf_map_update_elem(&gpu_held, &tgid, &h, BPF_NOEXIST) != 0) {
 		/* already held (another thread opened it too), or the map is full */

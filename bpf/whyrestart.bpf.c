@@ -137,7 +137,7 @@ struct oom_ctx {
 	__u64 memcg_ptr;
 	__u64 ts_ns;
 	__u32 rung;
-	__u32 _pad;
+	__u32 constraint; /* WR_OOM_CONSTRAINT_* from oc->constraint */
 };
 
 struct {
@@ -152,7 +152,8 @@ struct {
 #define UNLIMITED_PAGES (1ULL << 40)
 /* Default-terminating signals worth attributing an exit to (signal(7) "Term" and "Core"):
  * HUP INT QUIT ILL TRAP ABRT BUS FPE KILL USR1 SEGV USR2 PIPE ALRM TERM STKFLT XCPU XFSZ VTALRM
- * PROF IO PWR SYS. SIGCHLD, SIGCONT, stop and tty signals are not. */
+ * PROF IO PWR SYS, and the real-time signals 32..64 (WR_SIGRTMIN_KERNEL). SIGCHLD, SIGCONT, stop
+ * and tty signals are not. */
 #define FATAL_SIGNALS                                                                           \
 	((1ULL << 1) | (1ULL << 2) | (1ULL << 3) | (1ULL << 4) | (1ULL << 5) | (1ULL << 6) |     \
 	 (1ULL << 7) | (1ULL << 8) | (1ULL << 9) | (1ULL << 10) | (1ULL << 11) | (1ULL << 12) | \
@@ -396,8 +397,22 @@ int BPF_PROG(exit_btf_dedup, struct task_struct *task)
  * program, and the de-duplicating twin takes over. (The design paired this rung with
  * syscalls/sys_enter_exit_group for the code; the status read above is exact for exit_group,
  * exit and fatal signals alike, so that second hook is not needed.) */
+/* The record's layout since 3e816361e94a (6.16), declared here, not taken from vmlinux.h: before
+ * that commit sched_process_exit was a DEFINE_EVENT of sched_process_template, and a DEFINE_EVENT
+ * declares no trace_event_raw_<event> struct, so a vmlinux.h generated on a pre-6.16 build host
+ * (Debian 12's 6.1, Ubuntu 22.04/24.04, RHEL 9) has none and this file did not compile there.
+ * libbpf drops the ___616 flavour suffix when it matches the running kernel's type; a kernel
+ * without the struct refuses this program at load, as it always did, and exit_tp_dedup runs. */
+struct trace_event_raw_sched_process_exit___616 {
+	struct trace_entry ent;
+	char comm[16];
+	pid_t pid;
+	int prio;
+	bool group_dead;
+} __attribute__((preserve_access_index));
+
 SEC("tracepoint/sched/sched_process_exit")
-int exit_tp(struct trace_event_raw_sched_process_exit *ctx)
+int exit_tp(struct trace_event_raw_sched_process_exit___616 *ctx)
 {
 	return handle_exit((struct task_struct *)bpf_get_current_task(), ctx->group_dead,
 			   WR_RUNG_TRACEPOINT);
@@ -415,6 +430,133 @@ int exit_tp_dedup(void *ctx)
  * mark_victim (__oom_kill_process() sends it, then marks the victim): user space links it to
  * the OOM kill instead of counting a second cause. */
 
+/*
+ * Only a signal that can end its target, or explain its end, costs a record; the rest are
+ * counted here by number (signals_unsent) and user space shows the counts (the footer's
+ * signals_unsent, the agent's whyrestart_signals_unrecorded_total). Routine signals are
+ * handled or ignored by the thousand a second, each a record before: CPython ignores SIGPIPE
+ * (every EPIPE write is an IGNORED generation), Go catches SIGPIPE and its runtime preempts
+ * goroutines with SIGURG (not in FATAL_SIGNALS: default-ignored, so never a record), profilers
+ * send SIGPROF at 100 Hz per busy thread, JDK safepoint polls fault with SIGSEGV on every
+ * running thread, Boehm GC stops the world with SIGPWR/SIGXCPU. A burst of them filled the
+ * ring during the agent's idle wait and lost the OOM and exit records that came next.
+ * Signals whose default is not to end the process (SIGURG, SIGCHLD, SIGCONT, SIGWINCH, the
+ * stop signals) are counted too: what a watched process received is all accounted for.
+ *
+ * What is sent (tracer/analysis/rules.py reads a signal when its number is the one the process
+ * died of, as a stop's SIGTERM before its SIGKILL, or as the signal N a handled stop's exit
+ * 128 + N answers):
+ * - SIGKILL, always (it can be neither handled nor ignored; the OOM killer's and a
+ *   redundant one after the first alike: senders.fatal_signal picks the delivered one);
+ * - a signal the kernel did not drop (result != TRACE_SIGNAL_IGNORED: SIG_IGN, or a target
+ *   already exiting, prepare_signal()) whose action in the target is SIG_DFL: the kernel
+ *   ends the process with it (complete_signal());
+ * - a handled or ignored signal sent by another process: the stop a graceful exit answers
+ *   (systemd, kubelet, runc kill, a STOPSIGNAL of any number; rules.handled_stop reads the
+ *   exit 128 + N after it), the SIGTERM a process ignores before its grace runs out and the
+ *   SIGKILL comes (rules: "SIGTERM, then SIGKILL"), and the one a Go program (whose runtime
+ *   handles them all) re-raises with SIG_DFL to die of; the re-raise names the process
+ *   itself, so only this record names who stopped it;
+ * - a handled fault the kernel raised (si_code > 0: SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP,
+ *   SIGSYS at the faulting task): Python's faulthandler and crash reporters re-raise it with
+ *   raise() (SI_TKILL), and only this record says the death was a fault.
+ * The last two are capped at HANDLED_PER_SECOND per (process, signal) a second
+ * (handled_seen): a loop of them (a JVM's safepoint SIGSEGVs, a hostile sender) costs a few
+ * records a second, never the ring.
+ * What a process sends itself or the kernel raises in its context, handled or ignored, is only
+ * counted (CPython's SIGPIPE on EPIPE, send_sig(SIGPIPE, current); an itimer's SIGPROF).
+ * On the classic tracepoint (kernels without tp_btf, < 5.5) the target's task is only known
+ * when the sender is the target itself: another sender's signal is sent there unless the
+ * kernel dropped it (IGNORED), capped then.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, WR_SIG_SLOTS);
+	__type(key, __u32);
+	__type(value, __u64);
+} signals_unsent SEC(".maps");
+
+struct handled_window {
+	__u64 start_ns;
+	__u64 n;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u64); /* tgid << 8 | sig */
+	__type(value, struct handled_window);
+} handled_seen SEC(".maps");
+
+#define HANDLED_PER_SECOND 8
+/* Real-time signals, 32..64 (the kernel's SIGRTMIN is 32; glibc keeps 32 and 33 for itself and
+ * handles them): their default action ends the process (signal(7)), so one a process leaves at
+ * SIG_DFL explains its death like any other; the handled ones are counted like any other. */
+#define WR_SIGRTMIN_KERNEL 32
+#define WR_PF_EXITING 0x00000004 /* include/linux/sched.h, the same bit since 2.6 */
+#define WR_SIG_IGN 1 /* include/uapi/asm-generic/signal-defs.h: SIG_DFL 0, SIG_IGN 1 */
+#define WR_TRACE_SIGNAL_IGNORED 1
+/* ILL TRAP BUS FPE SEGV SYS */
+#define FAULT_SIGNALS ((1ULL << 4) | (1ULL << 5) | (1ULL << 7) | (1ULL << 8) | (1ULL << 11) | \
+		       (1ULL << 31))
+
+static __always_inline void count_unsent(int sig)
+{
+	__u32 slot = (__u32)sig < WR_SIG_SLOTS ? (__u32)sig : 0;
+	__u64 *n = bpf_map_lookup_elem(&signals_unsent, &slot);
+
+	if (n)
+		*n += 1; /* (per CPU: no other writer) */
+}
+
+/* At most HANDLED_PER_SECOND of one signal to one process a second (a fixed window; two CPUs
+ * racing may let one or two more through, never a storm). */
+static __always_inline bool handled_allowed(__u32 tgid, int sig)
+{
+	__u64 key = ((__u64)tgid << 8) | (__u32)sig;
+	__u64 now = bpf_ktime_get_boot_ns();
+	struct handled_window *w = bpf_map_lookup_elem(&handled_seen, &key);
+
+	if (!w || now - w->start_ns >= 1000000000ULL) {
+		struct handled_window fresh = {.start_ns = now, .n = 1};
+
+		bpf_map_update_elem(&handled_seen, &key, &fresh, BPF_ANY);
+		return true;
+	}
+	return __sync_fetch_and_add(&w->n, 1) < HANDLED_PER_SECOND;
+}
+
+/* Whether a generated signal to a watched process is worth a record (see above). */
+static __always_inline bool signal_matters(int sig, int si_code, int result,
+					   struct task_struct *target, __u32 tgid,
+					   struct task_struct *cur)
+{
+	struct sighand_struct *sh;
+	unsigned long handler = 0;
+
+	bool from_other;
+
+	if (sig == 9)
+		return true;
+	from_other = BPF_CORE_READ(cur, tgid) != tgid;
+	if (result == WR_TRACE_SIGNAL_IGNORED)
+		return from_other && handled_allowed(tgid, sig);
+	if (!target)
+		return true; /* (classic tracepoint, another task: its disposition is unknown) */
+	sh = BPF_CORE_READ(target, sighand);
+	if (!sh || bpf_core_read(&handler, sizeof(handler), &sh->action[(sig - 1) & 63].sa.sa_handler))
+		return true; /* (unreadable: send, as before) */
+	if (handler == 0)
+		return true; /* SIG_DFL */
+	if (from_other)
+		return handled_allowed(tgid, sig);
+	if (handler == WR_SIG_IGN)
+		return false;
+	if (sig < 64 && ((FAULT_SIGNALS >> sig) & 1) && si_code > 0)
+		return handled_allowed(tgid, sig);
+	return false;
+}
+
 static __always_inline int handle_signal(int sig, int si_code, struct task_struct *target,
 					 __u32 target_pid, const char *target_comm, int group,
 					 int result, __u16 rung)
@@ -423,7 +565,8 @@ static __always_inline int handle_signal(int sig, int si_code, struct task_struc
 	struct wr_signal *e;
 	__u32 tgid;
 
-	if (sig <= 0 || sig >= 64 || !((FATAL_SIGNALS >> sig) & 1))
+	/* (_NSIG is 64: SIGRTMAX is a signal too) */
+	if (sig <= 0 || sig > 64)
 		return 0;
 	/* the classic tracepoint names the target by thread id only: the sender's own thread
 	 * (a fault, abort()) is a task we have */
@@ -439,17 +582,24 @@ static __always_inline int handle_signal(int sig, int si_code, struct task_struc
 		    (!cfg.filter_all && !bpf_map_lookup_elem(&watched_pids, &tgid)))
 			return 0;
 	}
+	if (!(sig >= WR_SIGRTMIN_KERNEL || ((FATAL_SIGNALS >> (sig & 63)) & 1)) ||
+	    !signal_matters(sig, si_code, result, target, tgid, cur)) {
+		count_unsent(sig);
+		return 0;
+	}
 
 	e = reserve(sizeof(*e));
 	if (!e)
 		return 0;
 	fill_hdr(&e->h, WR_EV_SIGNAL, sizeof(*e), rung, cur);
+	/* the sending process's name, not its thread's ("tokio-runtime-w", "Executor #1 for") */
+	BPF_CORE_READ_STR_INTO(&e->h.comm, cur, group_leader, comm);
 	e->target_pid = tgid;
 	e->sig = sig;
 	e->si_code = si_code;
 	e->result = result;
 	e->group = group;
-	e->_pad = 0;
+	e->flags = BPF_CORE_READ(cur, flags) & WR_PF_EXITING ? WR_SIGF_SENDER_EXITING : 0;
 	if (target)
 		BPF_CORE_READ_STR_INTO(&e->target_comm, target, group_leader, comm);
 	else
@@ -500,6 +650,26 @@ int signal_tp(struct trace_event_raw_signal_generate *ctx)
  * up to the root, and picking the limited one with the least headroom.
  */
 
+/* out_of_memory() sets oc->constraint (constrained_alloc()) before oom_kill_process(): an
+ * allocation restricted to some NUMA nodes by a cpuset (cpuset.mems, the Kubernetes Memory
+ * Manager) or a mempolicy (numactl --membind, mbind) can exhaust those nodes while the host has
+ * memory to spare: not "the whole machine". The enum's values are read through CO-RE. */
+static __always_inline __u32 oc_constraint(struct oom_control *oc)
+{
+	int c;
+
+	if (!bpf_core_field_exists(oc->constraint))
+		return WR_OOM_CONSTRAINT_UNKNOWN;
+	c = BPF_CORE_READ(oc, constraint);
+	if (c == bpf_core_enum_value(enum oom_constraint, CONSTRAINT_MEMCG))
+		return WR_OOM_CONSTRAINT_MEMCG;
+	if (c == bpf_core_enum_value(enum oom_constraint, CONSTRAINT_CPUSET))
+		return WR_OOM_CONSTRAINT_CPUSET;
+	if (c == bpf_core_enum_value(enum oom_constraint, CONSTRAINT_MEMORY_POLICY))
+		return WR_OOM_CONSTRAINT_MEMPOLICY;
+	return WR_OOM_CONSTRAINT_NONE;
+}
+
 static __always_inline void note_oc(struct oom_control *oc, __u32 rung)
 {
 	__u32 tid = (__u32)bpf_get_current_pid_tgid();
@@ -508,6 +678,7 @@ static __always_inline void note_oc(struct oom_control *oc, __u32 rung)
 	c.memcg_ptr = (__u64)BPF_CORE_READ(oc, memcg);
 	c.ts_ns = bpf_ktime_get_boot_ns();
 	c.rung = rung;
+	c.constraint = oc_constraint(oc);
 	bpf_map_update_elem(&oom_ctxs, &tid, &c, BPF_ANY);
 }
 
@@ -631,12 +802,43 @@ static __always_inline void find_limit(struct mem_cgroup *memcg, struct wr_oom *
 	e->memcg = lim.id && at_limit(lim.usage, lim.max);
 }
 
+/* One record per victim process: mark_oom_victim() guards on the per-thread TIF_MEMDIE, so in
+ * a global OOM each further thread of a killed process that enters out_of_memory() is marked
+ * again there (task_will_free_mem(current): no kill, no oom_control), after the kill itself
+ * was. The first record of a victim is the kill's, with its exact context; the later marks of
+ * the same process (tgid and the leader's start time: a reused pid is another key) are not
+ * sent. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 1024);
+	__type(key, struct exit_key);
+	__type(value, __u8);
+} oom_victims SEC(".maps");
+
+/* The mark is not the OOM killer's kill when the victim was already exiting by itself:
+ * out_of_memory() and oom_kill_process() only mark a task_will_free_mem() victim (group exit
+ * under way, or a single thread in do_exit) and let it go. Its exit status is then its own
+ * (exit_group's code, a signal other than SIGKILL). A victim the OOM killer kills has the
+ * SIGKILL it was just sent as its group exit code (complete_signal()) when it is marked. */
+#define WR_PF_EXITING 0x00000004 /* include/linux/sched.h, the same bit since 2.6 */
+#define WR_SIGKILL 9
+
+static __always_inline bool exiting_on_its_own(struct task_struct *victim)
+{
+	__u32 flags = BPF_CORE_READ(victim, signal, flags);
+
+	if (flags & WR_SIGNAL_GROUP_EXIT)
+		return (BPF_CORE_READ(victim, signal, group_exit_code) & 0x7f) != WR_SIGKILL;
+	return BPF_CORE_READ(victim, flags) & WR_PF_EXITING;
+}
+
 static __always_inline int handle_victim(struct task_struct *victim, __u32 victim_pid,
 					 __u16 rung)
 {
 	struct task_struct *cur = (struct task_struct *)bpf_get_current_task();
 	__u32 tid = (__u32)bpf_get_current_pid_tgid();
 	struct oom_ctx *oc = bpf_map_lookup_elem(&oom_ctxs, &tid);
+	struct exit_key k = {};
 	struct wr_oom *e;
 
 	/* the classic tracepoint names the victim by thread id: often the thread whose
@@ -644,8 +846,14 @@ static __always_inline int handle_victim(struct task_struct *victim, __u32 victi
 	if (!victim && victim_pid == BPF_CORE_READ(cur, pid))
 		victim = cur;
 	if (victim) {
+		__u8 one = 1;
+
 		victim_pid = BPF_CORE_READ(victim, tgid);
 		if (!is_watched(victim, victim_pid))
+			return 0;
+		k.tgid = victim_pid;
+		k.start_ns = BPF_CORE_READ(victim, group_leader, start_boottime);
+		if (bpf_map_update_elem(&oom_victims, &k, &one, BPF_NOEXIST))
 			return 0;
 	} else {
 		victim_pid = tgid_of_tid(victim_pid, cur);
@@ -655,14 +863,20 @@ static __always_inline int handle_victim(struct task_struct *victim, __u32 victi
 	}
 
 	e = reserve(sizeof(*e));
-	if (!e)
+	if (!e) {
+		/* (lost, and counted: a later mark of the same victim may still tell it) */
+		if (k.tgid)
+			bpf_map_delete_elem(&oom_victims, &k);
 		return 0;
+	}
 	fill_hdr(&e->h, WR_EV_OOM, sizeof(*e), rung, cur);
 	e->victim_pid = victim_pid;
 	e->memcg = 0;
 	e->limit_cgroup_id = 0;
 	e->limit_pages = 0;
 	e->usage_pages = 0;
+	e->constraint = WR_OOM_CONSTRAINT_UNKNOWN;
+	e->flags = victim && exiting_on_its_own(victim) ? WR_OOM_EXITING : 0;
 	if (victim) {
 		e->victim_cgroup_id = cgroup_id_of(task_cgroup(victim));
 		/* the process, not the thread the OOM killer's scan happened to pick (a memcg scan
@@ -673,10 +887,14 @@ static __always_inline int handle_victim(struct task_struct *victim, __u32 victi
 		__builtin_memset(&e->victim_comm, 0, sizeof(e->victim_comm));
 	}
 
-	if (oc && e->h.ts_ns - oc->ts_ns < 1000000000ULL) {
+	/* The context lives from oom_kill_process() entry to its return (fexit/kretprobe delete it)
+	 * however long dump_header() prints to a slow serial console or a memory.oom.group scan
+	 * takes; the bound only retires a context whose kretprobe was missed (maxactive). */
+	if (oc && e->h.ts_ns - oc->ts_ns < 60000000000ULL) {
 		struct mem_cgroup *memcg = (struct mem_cgroup *)oc->memcg_ptr;
 
 		e->h.rung = oc->rung;
+		e->constraint = oc->constraint;
 		if (memcg) {
 			e->memcg = 1;
 			e->limit_cgroup_id = memcg_id(memcg);

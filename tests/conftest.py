@@ -18,9 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from tests import dockerd
+from tests import containerd, dockerd
+from tests.containerd import ContainerdNode
 from tests.dockerd import DockerEngine
 from tests.mt import build as mt_build
+from tests.unprivileged import unprivileged_whyrestart
 from tracer.bpf import hooks
 from tracer.errors import KernelUnsupported, UsageError
 from tracer.sources.cgroupfs import CgroupLayout, own_memory_cgroup
@@ -93,6 +95,27 @@ def docker_engine() -> Iterator[DockerEngine]:
 
 
 @pytest.fixture(scope="session")
+def containerd_node() -> Iterator[ContainerdNode]:
+    """A private containerd with its CRI plugin for this test session (tests/containerd.py),
+    the busybox image imported (also its sandbox image): drive it with tests/cri's ``Kubelet``
+    at ``containerd_node.socket``. Root tests only; stopped and removed at the end."""
+    if _root_reason() is not None:
+        pytest.skip(_root_reason() or "")
+    lacks = containerd.missing()
+    if lacks is not None:
+        pytest.fail(lacks)  # scripts/setup installs all of it: missing is a bug, not a skip
+    try:
+        node = containerd.start_containerd()
+    except containerd.ContainerdFailed as exc:
+        pytest.fail(f"the test containerd did not start: {exc}")
+    try:
+        containerd.import_image(node)
+        yield node
+    finally:
+        node.stop()
+
+
+@pytest.fixture(scope="session")
 def production_wheel() -> Path:
     """scripts/build's wheel (root tests only: building it compiles the BPF objects). The libbpf
     source and build are cached in .cache/libbpf, so only the first session pays for them."""
@@ -135,6 +158,14 @@ def mtwork_static(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if mt_build.gcc() is None:
         pytest.skip("no C compiler (gcc) to build tests/mt")
     return mt_build.mtwork(tmp_path_factory.mktemp("mt-static"), static=True)
+
+
+@pytest.fixture(scope="session")
+def unprivileged() -> Iterator[tuple[list[str], dict[str, str]]]:
+    """(argv, env) running whyrestart as any user can, wherever the checkout is
+    (tests/unprivileged.py)."""
+    with unprivileged_whyrestart() as it:
+        yield it
 
 
 @pytest.fixture(scope="session")

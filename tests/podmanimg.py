@@ -7,7 +7,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -53,10 +53,16 @@ def create_oom_loop(name: str, restarts: int, image: str) -> None:
 
 
 @contextmanager
-def busybox_image(root: Path, image: str, applets: tuple[str, ...]) -> Iterator[None]:
+def busybox_image(
+    root: Path,
+    image: str,
+    applets: tuple[str, ...],
+    prepare: Callable[[], None] | None = None,
+) -> Iterator[None]:
     """Import ``image`` (a busybox rootfs with ``applets`` linked in /bin, built under the empty
     folder ``root``) with CONTAINERS_CONF set to this host's config; remove it and restore
-    CONTAINERS_CONF after. Skips where podman, runc or busybox-static is missing."""
+    CONTAINERS_CONF after; ``prepare`` adds files to the rootfs first. Skips where podman,
+    runc or busybox-static is missing."""
     if shutil.which("podman") is None or shutil.which("runc") is None:
         pytest.skip("podman and runc are not installed (scripts/setup installs them)")
     if not os.path.exists(BUSYBOX):
@@ -69,6 +75,8 @@ def busybox_image(root: Path, image: str, applets: tuple[str, ...]) -> Iterator[
     shutil.copy(BUSYBOX, root / "bin" / "busybox")
     for cmd in applets:
         (root / "bin" / cmd).symlink_to("busybox")
+    if prepare is not None:  # more files in the rootfs
+        prepare()
     tar = root.parent / f"{root.name}.tar"
     subprocess.run(["tar", "-C", str(root), "-cf", str(tar), "."], check=True)
     podman("import", str(tar), image)

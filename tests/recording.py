@@ -22,11 +22,16 @@ def record_while(
     duration: float = 120,
     **targets: object,
 ) -> RecordResult:
-    """Record --container while ``action`` drives it; stop once it is done (or after
-    ``duration`` seconds)."""
+    """Record --container while ``action`` drives it (no container: only ``targets``, a pod's
+    ``cgroups`` as --pod gives them); stop once it is done (or after ``duration`` seconds)."""
+    ready = threading.Event()
+    containers = [container] if container else []
     rec = Recorder(
-        str(tmp_path / "c.trace"), Targets(containers=[container], **targets), duration=duration
-    )  # type: ignore[arg-type]
+        str(tmp_path / "c.trace"),
+        Targets(containers=containers, **targets),  # type: ignore[arg-type]
+        duration=duration,
+        on_ready=ready.set,
+    )
     out: dict[str, RecordResult] = {}
     errors: list[BaseException] = []
 
@@ -39,9 +44,9 @@ def record_while(
     t = threading.Thread(target=run)
     t.start()
     try:
-        while rec.header is None and t.is_alive():  # attached and writing
-            time.sleep(0.05)
-        if t.is_alive():
+        while not ready.wait(0.05) and t.is_alive():  # attached, every source reading
+            pass
+        if ready.is_set():
             action()
             time.sleep(1.5)  # let the last exit settle
     finally:

@@ -141,6 +141,8 @@ def oom(
     trigger: int | None = None,
     rung: str = "tp_btf",
     victim_cg: int = 20,
+    constraint: str = "",
+    exiting: bool = False,
 ) -> OomKill:
     return OomKill(
         ts=t(at),
@@ -154,6 +156,8 @@ def oom(
         limit_bytes=limit if memcg else 0,
         usage_bytes=usage if memcg else 0,
         rung=rung,
+        constraint=constraint,
+        exiting=exiting,
     )
 
 
@@ -162,13 +166,18 @@ def oom_killer_sigkill(at: float, victim: int, trigger: int) -> Signal:
 
 
 def kmsg(
-    at: float, victim: int, memcg: bool = True, oom_memcg: str = "/demo", comm: str = "app"
+    at: float,
+    victim: int,
+    memcg: bool = True,
+    oom_memcg: str = "/demo",
+    comm: str = "app",
+    constraint: str | None = None,
 ) -> KmsgOom:
     return KmsgOom(
         ts=t(at),
         victim_pid=victim,
         victim_comm=comm,
-        constraint="CONSTRAINT_MEMCG" if memcg else "CONSTRAINT_NONE",
+        constraint=constraint or ("CONSTRAINT_MEMCG" if memcg else "CONSTRAINT_NONE"),
         oom_memcg=oom_memcg if memcg else "",
         task_memcg=oom_memcg,
         total_vm_kb=100000,

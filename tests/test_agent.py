@@ -337,6 +337,13 @@ def test_an_incident_id_opens_like_a_trace(tmp_path: object) -> None:
 # -- metrics and log lines -----------------------------------------------------------------
 
 
+def test_a_numa_constrained_oom_counts_as_an_oom_kill_of_scope_numa() -> None:
+    m = Metrics(clock=Clock())  # type: ignore[arg-type]
+    m.verdict(verdict(cause="numa_oom"), label_parts("podman db"))
+    text = generate_latest(m.registry).decode()
+    assert 'limit_scope="numa"' in text and "whyrestart_oom_kills_total{" in text
+
+
 def test_metrics_count_and_vanished_units_expire() -> None:
     clock = Clock()
     m = Metrics(series_ttl_s=60, clock=clock)  # type: ignore[arg-type]

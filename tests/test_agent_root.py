@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,7 +37,7 @@ def free_port() -> int:
 
 
 class AgentProc:
-    def __init__(self, state: Path, *extra: str) -> None:
+    def __init__(self, state: Path, *extra: str, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.state = state
         # files, not pipes: a busy host's verdict lines must never fill a pipe nobody reads
@@ -56,21 +57,29 @@ class AgentProc:
             ],
             stdout=self.out,
             stderr=self.err,
+            env={**os.environ, **(env or {})},
         )
 
     def wait_ready(self, timeout: float = 60) -> None:
-        """An always-on agent is running long before the workload: wait until it watches."""
+        """An always-on agent is running long before the workload: wait until it says it is
+        ready the way an orchestrator asks (its readinessProbe: /readyz answers 200)."""
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            self.err.seek(0)
-            seen = self.err.read()
-            if b"ready: watching" in seen:
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            if self.readyz() == 200:
                 return
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.1)
+            time.sleep(0.05)
         self.err.seek(0)
         raise AssertionError(f"agent not ready: {self.err.read().decode(errors='replace')}")
+
+    def readyz(self) -> int | None:
+        """/readyz's status, None while nothing answers."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=5) as r:
+                return int(r.status)
+        except urllib.error.HTTPError as exc:
+            return int(exc.code)
+        except OSError:
+            return None
 
     def stderr(self) -> bytes:
         """What the agent said on stderr so far."""
@@ -114,7 +123,10 @@ def until(check: object, timeout: float = 30.0) -> None:
 
 
 def test_an_oom_kill_reaches_metrics_history_and_an_incident(
-    agent_state: Path, tmp_path: Path, layout: CgroupLayout
+    agent_state: Path,
+    tmp_path: Path,
+    layout: CgroupLayout,
+    unprivileged: tuple[list[str], dict[str, str]],
 ) -> None:
     agent = AgentProc(agent_state)
     try:
@@ -178,14 +190,14 @@ def test_an_oom_kill_reaches_metrics_history_and_an_incident(
             "--regid",
             "65534",
             "--clear-groups",
-            *WHYRESTART,
+            *unprivileged[0],
             "explain",
             str(mine_copy),
             "--json",
         ],
         capture_output=True,
         cwd="/",
-        env={**os.environ, "PYTHONPATH": os.getcwd()},
+        env=unprivileged[1],
     )
     shutil.rmtree(public)
     assert res.returncode == 0, res.stderr

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from tracer.errors import KernelUnsupported, UsageError
 from tracer.events import CgroupInfo
+from tracer.parse import cgpath
 from tracer.parse.cgroup import (
     Mount,
     ProcCgroupLine,
@@ -615,7 +616,7 @@ def test_limits_v2(tmp_path: Path) -> None:
 
 
 def test_ancestors() -> None:
-    anc = CgroupResolver.ancestors
+    anc = cgpath.ancestors
     assert anc("/a/b/c") == ["/a/b/c", "/a/b", "/a", "/"]
     assert anc("/") == ["/"]
     assert anc("") == ["/"]
@@ -815,7 +816,7 @@ def test_root_nested_children(system: tuple[CgroupLayout, str]) -> None:
         assert r.limit_of(inner.path) == 128 * MiB
         assert r.limit_of(outer.path) == 64 * MiB
         assert r.effective_limit(inner.path) == (64 * MiB, outer.path)
-        assert r.ancestors(inner.path)[:2] == [inner.path, outer.path]
+        assert cgpath.ancestors(inner.path)[:2] == [inner.path, outer.path]
         assert r.id_of(inner.path) == inner.cgroup_id  # seen while it existed...
     assert r.path_of(inner.cgroup_id) == inner.path  # ...so still named once removed
     with pytest.raises(UsageError):

@@ -104,12 +104,13 @@ OPTIONS: dict[str, dict[str, Any]] = {
         "-o": OUTPUT_PATHS, "--pid": INTS, "--cgroup": CGROUPS, "--container": TEXT, "--unit": TEXT,
         "--pod": TEXT, "--probe": URLS, "--probe-interval": DURATIONS,
         "--probe-timeout": DURATIONS, "--probe-failures": INTS, "--supervisor": INTS,
-        "--duration": DURATIONS,
+        "--duration": DURATIONS, "--runtime-endpoint": PATHS | TEXT,
     },
     "tail": {
         "--pid": INTS, "--cgroup": CGROUPS, "--container": TEXT, "--unit": TEXT, "--pod": TEXT,
         "--probe": URLS, "--probe-interval": DURATIONS, "--probe-timeout": DURATIONS,
         "--probe-failures": INTS, "--supervisor": INTS, "--duration": DURATIONS,
+        "--runtime-endpoint": PATHS | TEXT,
     },
     "repro": {
         "--memory-max": SIZES, "--memory-high": SIZES, "--probe-timeout": SIZES | DURATIONS,

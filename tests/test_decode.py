@@ -77,6 +77,20 @@ def test_oom_converts_pages_to_bytes() -> None:
     assert (ev.trigger_pid, ev.limit_cgroup_id) == (40, 6)
 
 
+def test_oom_carries_oom_controls_constraint_and_the_exiting_mark() -> None:
+    # enum wr_oom_constraint: 2 = CONSTRAINT_CPUSET; flags WR_OOM_EXITING
+    rec = layout.WrOom(
+        h=hdr(layout.EV_OOM, layout.WrOom, rung=1), victim_pid=50, constraint=2, flags=1
+    )
+    ev = Decoder().decode(bytes(rec))
+    assert isinstance(ev, OomKill)
+    assert (ev.constraint, ev.exiting, ev.memcg, ev.rung) == ("cpuset", True, False, "fentry")
+    # a guessing rung reads no oom_control: no constraint
+    rec = layout.WrOom(h=hdr(layout.EV_OOM, layout.WrOom, rung=3), victim_pid=50)
+    ev = Decoder().decode(bytes(rec))
+    assert isinstance(ev, OomKill) and (ev.constraint, ev.exiting) == ("", False)
+
+
 def test_fork_and_exec() -> None:
     f = layout.WrFork(h=hdr(layout.EV_FORK, layout.WrFork), child_pid=60)
     e = layout.WrExec(h=hdr(layout.EV_EXEC, layout.WrExec), filename=b"/usr/bin/sleep")

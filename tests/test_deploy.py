@@ -102,3 +102,31 @@ def test_alerting_rules_pass_promtool() -> None:
     )
     assert res.returncode == 0, res.stdout + res.stderr
     assert "SUCCESS: 5 rules found" in res.stdout
+
+
+def test_orchestrators_wait_for_the_agents_readiness() -> None:
+    """Kubernetes probes /readyz (tracer/agent/serve.py), systemd waits for READY=1
+    (tracer/agent/sdnotify.py): neither counts the agent up before its hooks are attached."""
+    from tracer.agent.serve import READY_PATH
+
+    ds = next(d for d in _docs() if d["kind"] == "DaemonSet")
+    [c] = ds["spec"]["template"]["spec"]["containers"]
+    probe = c["readinessProbe"]["httpGet"]
+    assert probe["path"] == READY_PATH
+    [port] = [p for p in c["ports"] if p["name"] == probe["port"]]
+    assert f"--metrics-addr=0.0.0.0:{port['containerPort']}" in c["args"]
+    text = UNIT.read_text()
+    assert re.findall(r"^Type=(.*)$", text, re.M) == ["notify"]
+    # (the notify socket is AF_UNIX: the unit's address families must allow it)
+    [families] = re.findall(r"^RestrictAddressFamilies=(.*)$", text, re.M)
+    assert "AF_UNIX" in families.split()
+
+
+def test_the_unit_may_resume_a_held_process_of_any_user() -> None:
+    """The GPU hold SIGSTOPs a program of whatever user opens libcuda; the agent and its guard
+    resume it with SIGCONT, which a root without CAP_KILL may not send to another user's
+    process (kill(2): EPERM), so the program would stay stopped."""
+    text = UNIT.read_text()
+    for key in ("AmbientCapabilities", "CapabilityBoundingSet"):
+        [caps] = re.findall(rf"^{key}=(.*)$", text, re.M)
+        assert "CAP_KILL" in caps.split(), key

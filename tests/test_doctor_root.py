@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 
 import orjson
 import pytest
@@ -16,16 +15,16 @@ from tracer.sources import system
 pytestmark = pytest.mark.root
 
 
-def test_doctor_as_nobody() -> None:
+def test_doctor_as_nobody(unprivileged: tuple[list[str], dict[str, str]]) -> None:
+    wr, env = unprivileged
     setpriv = shutil.which("setpriv")
     if setpriv is None:
         pytest.skip("setpriv not installed (util-linux)")
     if not system.tracefs_mounts():
         pytest.skip("tracefs is not mounted here")
     out = subprocess.run(
-        [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups",
-         sys.executable, "-m", "tracer.cli", "doctor", "--json"],
-        capture_output=True, text=True, cwd="/", timeout=60,
+        [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", *wr, "doctor", "--json"],
+        capture_output=True, text=True, cwd="/", timeout=60, env=env,
     ).stdout  # fmt: skip
     checks = {c["name"]: c for c in orjson.loads(out)["checks"]}
     tracefs, kmsg = checks["tracefs"], checks["kmsg"]

@@ -229,6 +229,8 @@ def test_a_multithreaded_process_oom_killed_in_a_worker_is_one_cgroup_oom(
     events = read_trace(res.path or "").events
     [oom] = [e for e in events if isinstance(e, OomKill)]
     assert (oom.victim_pid, oom.victim_comm, oom.memcg) == (ex.pid, "mtwork", True)
+    # the OOM killer's kill of a process of many threads: one record, not an "exiting" mark
+    assert not oom.exiting
     kills = [e for e in events if isinstance(e, Signal) and e.sig == signal.SIGKILL]
     assert [k.target_pid for k in kills] == [ex.pid]
 

@@ -7,8 +7,10 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import re
 import shutil
 import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -173,3 +175,9 @@ def test_kernel_function_is_found_in_btf_names_then_in_kallsyms(tmp_path: Any) -
     assert hooks.kernel_function(("other_fn",), missing, str(syms)) == "other_fn"
     assert hooks.kernel_function(("handle_over_high",), str(btf), str(syms)) is None
     assert hooks.kernel_function(names, missing, missing) is None
+
+
+def test_signal_count_slots_match_events_h() -> None:
+    header = (Path(__file__).resolve().parent.parent / "bpf" / "events.h").read_text()
+    m = re.search(r"#define WR_SIG_SLOTS (\d+)", header)
+    assert m is not None and int(m.group(1)) == layout.SIG_SLOTS

@@ -150,7 +150,6 @@ def test_pid_target_stops_when_it_exits(tmp_path: Path) -> None:
 
 def test_all_records_every_process_and_samples_cgroups_not_each_pid(tmp_path: Path) -> None:
     import threading
-    import time
 
     from tracer.events import CgroupSample, HostSample, ProcessSample
 
@@ -159,11 +158,12 @@ def test_all_records_every_process_and_samples_cgroups_not_each_pid(tmp_path: Pa
     # and what it starts while recording is its own helper, never evidence
     script = f"echo $$ > {pidfile}; while [ ! -e {go} ]; do sleep 0.05; done; sleep 0.3; exit 17"
     subprocess.run(["sh", "-c", f"sh -c '{script}' &"], check=True)
-    rec = Recorder(str(tmp_path / "all.trace"), Targets(all=True), duration=4)
+    ready = threading.Event()
+    rec = Recorder(str(tmp_path / "all.trace"), Targets(all=True), duration=4, on_ready=ready.set)
     results: list[RecordResult] = []
     thread = threading.Thread(target=lambda: results.append(rec.run()))
     thread.start()
-    time.sleep(1.5)  # attached well before this (start-up is about 0.5 s)
+    assert ready.wait(60), "the recorder never got ready"
     go.touch()
     thread.join(30)
     assert results, "the recording did not end"

@@ -35,7 +35,8 @@ from tracer.events import (
     ProbeSample,
 )
 from tracer.outputs import report
-from tracer.outputs.timeline import build, is_ancestor, load, thin
+from tracer.outputs.timeline import build, load, thin
+from tracer.parse.cgpath import is_ancestor
 from tracer.trace.format import TraceHeader
 
 DATA = Path(__file__).parent / "data"

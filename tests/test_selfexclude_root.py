@@ -67,7 +67,8 @@ def run_with_helpers(
     # the recorder's helpers: an exec probe every 0.2 s, and the probe's own child
     probe = parse_probe("exec:sh -c \"sh -c 'exit 204'; exit 205\"")
     targets.probes = ProbeSetup([probe], 0.2, 2.0)
-    rec = Recorder(out, targets, duration=60, on_event=on_event)
+    ready = threading.Event()
+    rec = Recorder(out, targets, duration=60, on_event=on_event, on_ready=ready.set)
     results: list[RecordResult] = []
     errors: list[BaseException] = []
 
@@ -80,8 +81,8 @@ def run_with_helpers(
     thread = threading.Thread(target=record)
     thread.start()
     try:
-        while rec.header is None and thread.is_alive():
-            time.sleep(0.05)
+        while not ready.wait(0.05) and thread.is_alive():
+            pass
         go.touch()
         # not the recorder's: this test's own thread, a program using the recorder
         subprocess.run(["sh", "-c", "exit 202"])

@@ -351,6 +351,25 @@ def test_a_stop_is_sigterm_then_sigkill_after_the_grace_period() -> None:
     assert "SIGTERM, then SIGKILL 10.0 s later" in v.summary
 
 
+def test_a_handled_sigterm_then_exit_143_is_a_stop_not_an_exit_of_its_own() -> None:
+    """A graceful stop (the runtime's SIGTERM, handled: the process exits 128 + 15 at once) is
+    the sender's doing; an exit 143 with no SIGTERM before it, or a SIGTERM long before it, is
+    the process's own."""
+    v = one(sent(1.0, 300, 100, signal.SIGTERM, comm="runc"), exit_code(1.001, 100, 143))
+    assert (v.cause, v.sender_role, v.exit_code, v.confidence) == (
+        "signal_kill",
+        "supervisor",
+        143,
+        "high",
+    )
+    assert "SIGTERM, which it handled: it exited with code 143" in v.summary
+    assert one(exit_code(1.0, 100, 143)).cause == "app_exit"
+    late = one(sent(1.0, 300, 100, signal.SIGTERM, comm="runc"), exit_code(9.0, 100, 143))
+    assert late.cause == "app_exit"
+    other = one(sent(1.0, 300, 100, signal.SIGHUP, comm="runc"), exit_code(1.001, 100, 143))
+    assert other.cause == "app_exit"
+
+
 def test_configured_supervisor_pid() -> None:
     a = Analyzer(supervisor_pids=[777])
     [v] = a.feed_all([sent(1.0, 777, 100, comm="my-watchdog"), killed(1.0, 100, signal.SIGTERM)])
@@ -824,4 +843,65 @@ def test_the_kernel_logs_rss_is_not_called_the_cgroups_memory() -> None:
     stat = (("anon", 6 * GiB), ("file", GiB))
     assert memory_at_kill(stat, fmt_bytes) == (
         "the cgroup's memory at the kill (memory.stat): anon 6.0 GiB, file 1.0 GiB"
+    )
+
+
+# -- a kill at the limit is a lower bound of the need (issue 29) ---------------------------------
+
+
+def _oom_at_limit(*probes: Event, usage: int = 64 * MiB) -> Verdict:
+    """A podman container's main process OOM-killed at its 64 MiB limit at 2 s."""
+    return one(
+        *container_stream(100, 0.0),
+        *probes,
+        oom(2.0, 100, limit_cgroup=50, usage=usage, victim_cg=50),
+        kmsg(2.0, 100, oom_memcg="/libpod_parent/libpod-" + "a" * 64),
+        killed(2.0, 100, signal.SIGKILL, cg=50),
+    )
+
+
+def test_a_kill_at_the_limit_says_the_need_is_unknown_and_higher() -> None:
+    """The peak of a process killed at its limit is the limit: "keep 15% over the peak"
+    would fail again (a model loaded at twice the limit)."""
+    v = _oom_at_limit()
+    assert (v.cause, v.confidence) == ("cgroup_oom", "high")
+    assert "killed at the limit" in v.advice and "real need is unknown and higher" in v.advice
+    assert "15% headroom" not in v.advice and "raise that limit" in v.advice
+    assert "still starting" not in v.summary
+
+
+def test_a_kill_below_the_limit_keeps_the_headroom_advice() -> None:
+    v = _oom_at_limit(usage=40 * MiB)
+    assert "keep >= 15% headroom" in v.advice and "unknown" not in v.advice
+
+
+def test_a_kill_before_any_probe_passed_was_while_starting() -> None:
+    """A model server OOM-killed while loading: its /health answered 503 (or nothing) on
+    every probe from its start to the kill."""
+    starting = [probe(0.5, False), probe(1.0, False), probe(1.5, False)]
+    v = _oom_at_limit(*starting)
+    assert "it was still starting (none of its 3 health probes had passed)" in v.summary
+    assert "while it was still starting" in v.advice
+    v = _oom_at_limit(probe(0.5, True), *starting[1:])
+    assert "starting" not in v.summary + v.advice
+
+
+def test_a_runtimes_oomkilled_for_a_handled_stop_is_quoted_and_disagrees() -> None:
+    """containerd's reason for a graceful stop's exit 143 can be OOMKilled (read from the
+    cgroup's OOM counter, which an earlier child's OOM kill raised): quoted beside the stop,
+    a disagreement (so medium), never the cause."""
+    events = [
+        cgroup(50, "/kubepods/burstable/pod" + "1" * 36 + "/" + "a" * 64, 64 * MiB),
+        unit_info(50, "containerd", "hog"),
+        execd(0.0, 100, 50, "sh"),
+        sent(5.0, 300, 100, signal.SIGTERM, comm="runc"),
+        exit_code(5.001, 100, 143, comm="sh", cg=50),
+        replace(runtime(5.2, "containerd hog", 0, "containerd"), exit_code=143, oom_killed=True),
+    ]
+    [v] = Analyzer().feed_all(events)
+    assert (v.cause, v.unit, v.confidence) == ("signal_kill", "containerd hog", "medium")
+    assert v.disagreements == ("containerd says OOMKilled",)
+    assert any(
+        "containerd recorded exit code 143 for containerd hog (its OOMKilled flag: True)" in what
+        for _, what in v.evidence
     )

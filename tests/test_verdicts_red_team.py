@@ -722,3 +722,25 @@ def test_late_and_shuffled_evidence_never_gives_a_different_cause_at_high_confid
         want = truth[(v.pid, v.ts)]
         if v.cause != want.cause:
             assert v.confidence != "high", (v.pid, v.cause, want.cause)
+
+
+def test_a_device_report_about_another_gpu_and_pid_never_explains_a_users_sigterm() -> None:
+    """Issue 33 red team: an Xid naming another device's bus id and another process, then a
+    user's SIGTERM to a process on GPU 0: the sender explains the exit, the Xid does not, on
+    one GPU known to NVML as on two."""
+    from msgspec.structs import replace
+
+    for indexes in ((0,), (0, 1)):
+        gpus: list[Event] = [gpu_lib(0.2, 100)]
+        for i in indexes:
+            sample_ = gpu_sample(0.5, used=GiB, index=i)
+            gpus.append(replace(sample_, pci_bus_id=f"00000000:{0x1A + 0x21 * i:02X}:00.0"))
+        gpus.append(gpu_proc(0.6, 100, GiB, index=0))
+        other = replace(xid(5.0, 79, pid=999), device="0000:5e:00")  # on no GPU of process 100
+        [v] = judge(
+            *gpus,
+            other,
+            sent(5.5, 300, 100, signal.SIGTERM, comm="bash"),
+            killed(5.5, 100, signal.SIGTERM),
+        )
+        assert (v.cause, v.sender_comm, v.confidence) == ("signal_kill", "bash", "high"), indexes

@@ -205,6 +205,15 @@ def target_options(fn: F) -> F:
             "across restarts; repeatable).",
         ),
         click.option(
+            "--runtime-endpoint",
+            "runtime_endpoint",
+            default=None,
+            envvar="CONTAINER_RUNTIME_ENDPOINT",
+            help="The node's CRI socket, as crictl's (unix:///run/containerd/containerd.sock): "
+            "pods and their containers are named, and --pod found, through it "
+            "[default: $CONTAINER_RUNTIME_ENDPOINT, else containerd's or CRI-O's socket].",
+        ),
+        click.option(
             "--all",
             "all_",
             is_flag=True,
@@ -285,7 +294,8 @@ def make_targets(kw: dict[str, Any], command: tuple[str, ...], verb: str = "reco
         if layout.memory_root is None:
             raise UsageError("--pod: no memory cgroup controller is mounted here")
         resolver = CgroupResolver(layout)
-        cgroups += [resolve_pod(p, resolver) for p in kw["pods"]]
+        endpoint = kw.get("runtime_endpoint")
+        cgroups += [resolve_pod(p, resolver, cri_endpoint=endpoint) for p in kw["pods"]]
     probes = None
     if kw["probes"]:
         probes = ProbeSetup(
@@ -304,6 +314,7 @@ def make_targets(kw: dict[str, Any], command: tuple[str, ...], verb: str = "reco
         supervisor_pids=list(kw["supervisors"]),
         redact=kw.get("redact", False),
         probe_failures=kw["probe_failures"] or 3,
+        runtime_endpoint=kw.get("runtime_endpoint"),
     )
 
 

@@ -59,6 +59,15 @@ def run_checks() -> tuple[list[Check], dict[str, Any]]:
             system.KERNEL_FIX if too_old else "",
         )
     )
+    pid_ns = system.pid_namespace_problem()
+    checks.append(
+        Check(
+            "pid_namespace",
+            pid_ns is None,
+            "the host's pid namespace" if pid_ns is None else pid_ns,
+            "" if pid_ns is None else system.PID_NS_FIX,
+        )
+    )
     btf = os.path.exists(system.BTF_PATH)
     checks.append(
         Check(
@@ -217,6 +226,7 @@ def _gpu_checks(memcg_v1: bool, facts: dict[str, Any]) -> list[Check]:
             info.get("hold") == "ready",
             f"first-call hold of processes opening an unprobed libcuda: {info.get('hold')}; "
             f"holds shared with other recorders: {info.get('hold_peers')}; "
+            f"its guard: {info.get('hold_guard')}; "
             f"{_hold_cost(info.get('host_libcuda'))}",
             ""
             if info.get("hold") == "ready"

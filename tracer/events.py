@@ -128,6 +128,9 @@ class Signal(Event, frozen=True, tag="signal"):
     # the sender's executable, read by user space (/proc/PID/exe) when the signal was recorded:
     # its name (comm) is its own choice, its executable is not; "" when unknown (gone by then)
     sender_exe: str = ""
+    # the sender was exiting (PF_EXITING): the kernel sent it on its way out, i.e. the
+    # PR_SET_PDEATHSIG signal of a child whose parent thread exited
+    sender_exiting: bool = False
 
 
 class OomKill(Event, frozen=True, tag="oom"):
@@ -143,6 +146,12 @@ class OomKill(Event, frozen=True, tag="oom"):
     limit_bytes: int  # that cgroup's limit (0 when unknown)
     usage_bytes: int  # its usage at the kill
     rung: str  # which hook saw it: kprobe, fentry, tp_btf, tracepoint, kmsg
+    # the OOM's constraint as oom_control states it (fentry/kprobe rungs): "none" (the whole
+    # machine), "memcg", "cpuset" or "mempolicy" (NUMA nodes a cpuset or mempolicy confined the
+    # allocation to); "" where the rung guessed the scope instead
+    constraint: str = ""
+    # marked by the OOM killer while already exiting by itself (task_will_free_mem()): no kill
+    exiting: bool = False
 
 
 class Fork(Event, frozen=True, tag="fork"):

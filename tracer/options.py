@@ -13,7 +13,6 @@ is an `OutputError` (exit 7) naming the path when the write fails.
 from __future__ import annotations
 
 import os
-import posixpath
 import stat
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -21,7 +20,7 @@ from typing import Any, TypeVar
 import click
 
 from tracer.errors import UsageError
-from tracer.parse import values
+from tracer.parse import cgpath, values
 
 _KINDS = {
     stat.S_IFCHR: "a character device",
@@ -99,7 +98,7 @@ def normalise_cgroup(text: str, memory_root: str | None) -> str:
         raise UsageError("an empty cgroup path", "give a path such as /system.slice/x.service")
     path = text if text.startswith("/") else "/" + text
     root = (memory_root or "").rstrip("/")
-    if root and (path == root or path.startswith(root + "/")):
+    if root and cgpath.is_within(path, root):
         path = path[len(root) :] or "/"
     depth = 0
     for part in path.split("/"):
@@ -112,7 +111,7 @@ def normalise_cgroup(text: str, memory_root: str | None) -> str:
                 )
         elif part not in ("", "."):
             depth += 1
-    return posixpath.normpath(path).replace("//", "/")
+    return cgpath.canonical(path)
 
 
 class _Cgroup(click.ParamType[str]):

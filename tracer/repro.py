@@ -44,6 +44,7 @@ from tracer.analysis.analyzer import (
     APP_EXIT,
     CGROUP_OOM,
     GLOBAL_OOM,
+    NUMA_OOM,
     PROBE_KILL,
     USERSPACE_OOM,
     Verdict,
@@ -71,7 +72,7 @@ DEFAULT_PROBE_TIMEOUT_S = 1.0  # the kubelet's default timeoutSeconds
 
 SURVIVED, KILLED, FAILED, ERROR = "survived", "killed", "failed", "error"
 # The causes that say a run ended for memory: only these make a memory setting the answer.
-MEMORY_CAUSES = frozenset({CGROUP_OOM, GLOBAL_OOM, USERSPACE_OOM})
+MEMORY_CAUSES = frozenset({CGROUP_OOM, GLOBAL_OOM, NUMA_OOM, USERSPACE_OOM})
 # Comparison.conclusion()'s kinds (the "conclusion" of --json)
 ALL_SURVIVED, SMALLEST_SURVIVED = "all_survived", "smallest_survived"
 NONE_SURVIVED, OTHER_REASONS, INTERRUPTED = "none_survived", "other_reasons", "interrupted"

@@ -6,8 +6,8 @@
  * SECONDS have passed: kill(child, SIGUSR1), and wait on a pipe until the child's handler has
  * run and the child has written one byte back. So every signal is delivered (none is merged
  * into one already pending) and each one is exactly one signal/signal_generate tracepoint hit
- * with sig 10 from this process to the child. SIGUSR1 is fatal by default, so whyrestart
- * records it. With RATE > 0 (signals/s) the loop is paced on an absolute schedule (sleeping
+ * with sig 10 from this process to the child. The child handles SIGUSR1, so whyrestart counts
+ * it in the kernel (footer signals_unsent) instead of recording it. With RATE > 0 (signals/s) the loop is paced on an absolute schedule (sleeping
  * every 1 ms worth of signals); RATE 0 (the default) goes as fast as the ping-pong can.
  * At the end the child is told to stop (see below) and reaped.
  * Prints one line of key=value pairs on stdout:

@@ -7,7 +7,9 @@ Phases, in this order (each tool alone on --tool-cpu, the workloads on --storm-c
   3. the agent (fresh state dir, metrics on a free port): CPU and state-dir growth at idle, CPU
      under the paced storm, a storm at 12k exits/s mixed with failures (non-zero exits, fatal
      signals, cgroup OOM kills) counted back from its segments, kill -> /metrics and -> history
-     latency over --agent-kills OOM kills, then an RSS soak; its RSS is sampled every second
+     latency over --agent-kills OOM kills, beside a busy Go program (its runtime preempts
+     goroutines with SIGURG) and a 100 Hz SIGPROF profiler with a paced mix of OOM kills and
+     fatal-signal deaths among them, then an RSS soak; its RSS is sampled every second
      throughout.
 
 The paced storm runs in a child cgroup made for it, so that the agent's kernel filter applies:
@@ -31,7 +33,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.helpers import FAIL, STORM_COMM
+from bench.helpers import FAIL, GOBUSY, SIGPROF, STORM_COMM, build_gobusy
 from bench.options import MiB, Options
 from bench.procs import (
     HelperFailed,
@@ -59,7 +61,7 @@ from bench.workloads import (
 )
 from tracer.agent.journal import read_journal
 from tracer.agent.state import StateDir
-from tracer.events import Exit, Lost, OomKill
+from tracer.events import Exit, Lost, OomKill, Signal
 from tracer.sources.cgroupfs import ChildCgroup
 from tracer.trace.reader import TraceReader
 
@@ -68,6 +70,10 @@ POLL_S = 0.02  # how often the latency phase looks at /metrics and the journal
 CROWD_SETTLE_S = 5.0  # from the crowd's start to its CPU window
 KILL_WAIT_S = 30.0  # a kill not in both by then is reported missing
 OOM_METRIC = "whyrestart_oom_kills"
+LOST_METRIC = "whyrestart_events_lost_total"
+UNRECORDED_METRIC = "whyrestart_signals_unrecorded_total"
+GO_MAXPROCS = 8  # the busy Go program's Ps, as on an 8-core node
+NOISY_TARGET_CPU_PCT = 0.5  # issue 31: the agent beside Go and a profiler, % of a core
 
 
 def _free_port() -> int:
@@ -173,6 +179,18 @@ class Agent:
             if fam.name == OOM_METRIC:
                 total += sum(s.value for s in fam.samples if s.name.endswith("_total"))
         return total
+
+    def metric(self, name: str) -> dict[str, float]:
+        """One metric's samples from /metrics: label values joined by "," -> value."""
+        url = f"http://127.0.0.1:{self.port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as r:
+            text = r.read().decode()
+        out: dict[str, float] = {}
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:
+                if s.name == name:
+                    out[",".join(s.labels.values())] = s.value
+        return out
 
     def journal_ooms(self) -> set[int]:
         """The pids of the OOM verdicts in the journal, read as `whyrestart history` reads it."""
@@ -347,6 +365,88 @@ def _latency(opts: Options, agent: Agent) -> Result:
     }
 
 
+def _delta(after: dict[str, float], before: dict[str, float]) -> dict[str, int]:
+    return {k: int(v - before.get(k, 0)) for k, v in after.items() if v > before.get(k, 0)}
+
+
+def _noisy(opts: Options, tmp: Path, agent: Agent) -> Result:
+    """The agent beside a busy Go program (--agent-goroutines spinning goroutines: its runtime
+    preempts them with SIGURG) and a 100 Hz SIGPROF profiler, both on the storm CPU for
+    --agent-noisy seconds, with --agent-noisy-failures OOM kills and fatal-signal deaths paced
+    over it: the agent's CPU, its lost records, the signals it counted instead of recording,
+    and the failures judged (OOM kills in the journal here; the deaths from the segments once
+    the agent stopped, `_count_noisy`)."""
+    why = build_gobusy()
+    if why is not None:
+        return {"skipped": why}
+    cg = memory_cgroup(f"wr-bench-agent-{os.getpid()}-noisy", opts.agent_oom_limit_mib * MiB)
+    cg.__enter__()
+    try:
+        secs = opts.agent_noisy
+        lost0, counted0 = agent.metric(LOST_METRIC), agent.metric(UNRECORDED_METRIC)
+        go_out, prof_out = tmp / "gobusy.out", tmp / "sigprof.out"
+        t0, c0 = time.monotonic(), proc_cpu_s(agent.proc.pid)
+        with open(go_out, "wb") as fg, open(prof_out, "wb") as fp:
+            go = spawn(
+                opts.pinned([str(GOBUSY), f"{secs:g}", str(opts.agent_goroutines)]),
+                stdout=fg,
+                # (pinned to one CPU, Go would run one P: a service on an 8-core node runs 8)
+                env={**os.environ, "GOMAXPROCS": str(GO_MAXPROCS)},
+            )
+            prof = spawn(opts.pinned([str(SIGPROF), f"{secs:g}", "100"]), stdout=fp)
+            ooms: list[tuple[int, int | None]] = []
+            fatal: list[tuple[int, int | None]] = []
+            n = opts.agent_noisy_failures
+            for k in range(n):
+                time.sleep(max(0.0, t0 + secs * (k + 0.5) / n - time.monotonic()))
+                if k % 2 == 0:
+                    ooms.append(_one_failure(opts.pinned([str(FAIL), "oom"]), _procs(cg)))
+                else:
+                    sig = str(int(signal.SIGTERM))
+                    fatal.append(_one_failure(opts.pinned([str(FAIL), "sig", sig]), {}))
+            for p, what in ((go, "wr-gobusy"), (prof, "wr-sigprof")):
+                rc, _, killed = reap(p, secs + 120)
+                if rc != 0 or killed:
+                    raise HelperFailed(f"{what} failed (rc {rc})")
+        cpu = _cpu_pct(agent.proc.pid, c0, t0)
+        oom_pids = [p for p, s in ooms if s == signal.SIGKILL]
+        deadline = time.monotonic() + KILL_WAIT_S
+        while not set(oom_pids) <= agent.journal_ooms() and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+        # (the agent reads the kernel's signal counts every 5 s of housekeeping)
+        time.sleep(max(opts.drain, 5.5))
+        res: Result = {
+            "seconds": secs,
+            "agent_cpu_pct": cpu,
+            "go": key_values(go_out.read_text()),
+            "prof": key_values(prof_out.read_text()),
+            "lost": sum(_delta(agent.metric(LOST_METRIC), lost0).values()),
+            "counted": _delta(agent.metric(UNRECORDED_METRIC), counted0),
+            "oom_pids": oom_pids,
+            "oom_judged": len(set(oom_pids) & agent.journal_ooms()),
+            "fatal_pids": [p for p, s in fatal if s == signal.SIGTERM],
+        }
+    finally:
+        remove_cgroup(cg)
+    return res
+
+
+def _count_noisy(state: Path, noisy: Result) -> None:
+    """What the agent's segments hold of the noisy phase: the fatal deaths' exit records, and
+    any signal record of the Go program or the profiler (the kernel counts those)."""
+    fatal = set(noisy["fatal_pids"])
+    noise = {int(noisy["go"].get("pid", -1)), int(noisy["prof"].get("pid", -1))}
+    seen = records = 0
+    for path in sorted((state / "segments").iterdir()):
+        with TraceReader(str(path)) as reader:
+            for ev in reader:
+                if isinstance(ev, Exit) and ev.pid in fatal and ev.status & 0x7F:
+                    seen += 1
+                elif isinstance(ev, Signal) and ev.target_pid in noise:
+                    records += 1
+    noisy.update(fatal_seen=seen, noise_records=records)
+
+
 def _pcts(xs: list[float]) -> dict[str, float | None]:
     if not xs:
         return {"p50": None, "p99": None, "max": None}
@@ -448,6 +548,8 @@ def _agent_phase(opts: Options, tmp: Path) -> Result:
         res["storm"] = _storm(opts, d, agent)
         say(f"agent: {opts.agent_kills} OOM kills, timed to /metrics and history")
         res["latency"] = _latency(opts, agent)
+        say(f"agent: beside a busy Go program and a 100 Hz profiler, {opts.agent_noisy:g} s")
+        res["noisy"] = _noisy(opts, d, agent)
         say(f"agent: RSS soak, {opts.agent_soak:g} s")
         res["soak"] = _soak(opts, d, agent)
         res["vmhwm_kb"] = proc_status_kb(agent.proc.pid, "VmHWM")
@@ -456,6 +558,8 @@ def _agent_phase(opts: Options, tmp: Path) -> Result:
         res["rss_samples"] = agent.samples
     if "storm" in res:
         _count_storm(agent.state, res["storm"])
+    if "fatal_pids" in res.get("noisy", {}):
+        _count_noisy(agent.state, res["noisy"])
     return res
 
 
@@ -510,6 +614,37 @@ def _pace(rate: float) -> str:
 
 def _yes(ok: bool) -> str:
     return "yes" if ok else "NO"
+
+
+def _noisy_table(opts: Options, nz: Result, idle: float | None) -> list[str]:
+    out = [
+        "",
+        f"## Agent beside a busy Go program ({opts.agent_goroutines} goroutines) and a 100 Hz "
+        f"SIGPROF profiler ({opts.agent_noisy:g} s, {opts.agent_noisy_failures} failures paced)",
+        "",
+        "| SIGURG counted | SIGPROF counted | their signal records | lost | OOM kills judged "
+        "| fatal deaths seen | agent CPU % of a core | at idle, same run "
+        "| <= 0.5%, none lost, all judged? |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    if "fatal_seen" not in nz:
+        why = nz.get("skipped") or nz.get("error") or "not run"
+        return [*out, f"| {why} |" + " |" * 8]
+    counted = nz["counted"]
+    cpu = nz.get("agent_cpu_pct")
+    ok = (
+        cpu is not None
+        and cpu <= NOISY_TARGET_CPU_PCT
+        and nz["lost"] == 0
+        and nz["oom_judged"] == len(nz["oom_pids"])
+        and nz["fatal_seen"] == len(nz["fatal_pids"])
+    )
+    out.append(
+        f"| {counted.get('SIGURG', 0):,} | {counted.get('SIGPROF', 0):,} "
+        f"| {nz['noise_records']:,} | {nz['lost']:,} | {nz['oom_judged']}/{len(nz['oom_pids'])} "
+        f"| {nz['fatal_seen']}/{len(nz['fatal_pids'])} | {_f(cpu)} | {_f(idle)} | {_yes(ok)} |"
+    )
+    return out
 
 
 def _report(opts: Options, bare: Result, snoop: Result, agent: Result, load: Result) -> str:
@@ -595,6 +730,7 @@ def _report(opts: Options, bare: Result, snoop: Result, agent: Result, load: Res
             f"| {_f(p['p99'], '.3f')} | {_f(p['max'], '.3f')} "
             f"| {_yes(p['p99'] is not None and p['p99'] <= 1.0 and not lat['missing'])} |"
         )
+    out += _noisy_table(opts, agent.get("noisy", {}), agent.get("idle_cpu_pct"))
     so = agent.get("soak", {})
     out += [
         "",
@@ -656,7 +792,20 @@ def _report(opts: Options, bare: Result, snoop: Result, agent: Result, load: Res
             "journal as `whyrestart history` reads it (tracer.agent.journal.read_journal), "
             "polled every {poll:g} ms (a kill during which another OOM verdict of the host "
             "reached the journal is left out of the /metrics column: the counter is a sum over "
-            "the host). **soak**: VmRSS every second while wr-storm runs paced "
+            "the host). **beside Go and a profiler**: build/bench/wr-gobusy (bench/go, "
+            "Debian's golang; {agent_goroutines} goroutines spinning without a call in the "
+            "inner loop, GOMAXPROCS={go_maxprocs}, so the runtime preempts them with SIGURG) "
+            "and build/bench/wr-sigprof "
+            "(setitimer(ITIMER_PROF) at 100 Hz, a counting handler, spinning) on the storm CPU "
+            "for {agent_noisy:g} s, with {agent_noisy_failures} failures paced evenly over it, "
+            "alternately an OOM kill (wr-fail oom in a cgroup limited to "
+            "{agent_oom_limit_mib} MiB) and a death by a self-sent SIGTERM; **counted**: the "
+            "rise of whyrestart_signals_unrecorded_total{{signal}} over the phase (the host's "
+            "other processes' signals included); **their signal records**: signal records "
+            "aimed at the two programs in the agent's segments; **lost**: the rise of "
+            "whyrestart_events_lost_total; **judged**: OOM victims in the journal, deaths as "
+            "exit records in the segments; **agent CPU**: over the phase. "
+            "**soak**: VmRSS every second while wr-storm runs paced "
             "at {agent_soak_rate:,.0f} exits/s with mixed codes for {agent_soak:g} s "
             "(--agent-soak 1800 is "
             "the issue's 30 minutes); flat = |growth from 25%| <= 2 MB and |slope| <= 1 "
@@ -667,5 +816,6 @@ def _report(opts: Options, bare: Result, snoop: Result, agent: Result, load: Res
         poll=POLL_S * 1000,
         crowd_settle=CROWD_SETTLE_S,
         storm_pace=_pace(opts.agent_storm_rate),
+        go_maxprocs=GO_MAXPROCS,
     )
     return "\n".join(out) + "\n"

@@ -28,11 +28,13 @@ METHOD = [
     "before the next (a ping-pong, so every signal is delivered, none merged into one already "
     "pending); completed round trips divided by wall time over {seconds:g} s; median over "
     "rounds. Every kill(2) is exactly one signal/signal_generate hit from the storm to the "
-    "child with sig 10, and SIGUSR1 is fatal by default, so whyrestart records each one "
-    "(SIGCHLD and other non-fatal signals it does not record at all).",
+    "child with sig 10. The child handles SIGUSR1, so it can neither end it nor explain its "
+    "end: whyrestart counts each one in the kernel instead of recording it (the footer's "
+    "signals_unsent, less one ignored SIGUSR1 per marker seen).",
     "**slowdown**: per round, bare signals/s over the variant's, same round; median.",
     "**events seen / sent**: signal events with sig 10 from the storm's pid to its child's pid "
-    "in the tool's output (whyrestart: trace records t=signal; bpftrace one-liner "
+    "in the tool's output (whyrestart: trace records t=signal plus the SIGUSR1s counted; "
+    "bpftrace one-liner "
     "`{bpftrace_sig}`; sigsnoop: its PID, SIG and TPID columns), against the storm's count of "
     "successful kill(2) calls; summed over rounds.",
     "**lost**, **tracer CPU s**, **peak RSS MB**: as in the storm section (tracer CPU over the "

@@ -2,10 +2,12 @@
 
 scripts/lab-vm boots Debian's stock kernels (6.1 and 5.10: kprobes, fentry, cgroup v2 with the
 memory controller) under QEMU and runs these tests there with the host's .venv and the BPF
-object built on the host, so CO-RE relocation onto other kernels is proven too. Outside the VM
-they are skipped (tests/conftest.py). Every test runs its workload in its own child cgroup of
-the VM's root cgroup (limits of 16-48 MiB) and checks the BPF events against the kernel's own
-accounting: the kernel log's OOM report, the cgroup's ``memory.events`` and ``memory.pressure``.
+object built on the host, so CO-RE relocation onto other kernels is proven too (in the suites of
+LAB_BUILD_IN_VM, bookworm by default, with the objects built in the VM from its own BTF
+instead). Outside the VM they are skipped (tests/conftest.py). Every test runs its workload in
+its own child cgroup of the VM's root cgroup (limits of 16-48 MiB) and checks the BPF events
+against the kernel's own accounting: the kernel log's OOM report, the cgroup's
+``memory.events`` and ``memory.pressure``.
 
 Rung variants: a test parametrized by ``rung`` runs once with every program loadable (the best
 rung wins: "fentry") and once with the fentry/fexit programs switched off ("kprobe"), so the
@@ -18,13 +20,15 @@ from __future__ import annotations
 import ctypes
 import itertools
 import os
+import shutil
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tracer.bpf import hooks, layout
+from tracer.bpf import gpuhooks, hooks, layout
 from tracer.errors import BpfError
 from tracer.events import Event, Exit, KmsgOom, OomKill, ReclaimStall, ReclaimSummary
 from tracer.parse.cgroup import parse_flat_keyed
@@ -122,6 +126,29 @@ def attached() -> dict[str, hooks.Attached]:
     if where and os.path.isdir(where):
         Path(where, "rungs.txt").write_text(report)
     return out
+
+
+def test_objects_are_built_from_this_kernels_btf(attached: dict[str, hooks.Attached]) -> None:
+    """Issue 31 item 5: in the suites of LAB_BUILD_IN_VM (bookworm's 6.1, older than the 6.16
+    change of sched_process_exit that once broke the build), scripts/lab/guest builds the
+    objects with `make -C bpf` from this kernel's own BTF, and this tier loads those: the
+    vmlinux.h they were compiled with is this kernel's, and every hook attached from them."""
+    built = os.environ.get("WHYRESTART_LAB_BPF_BUILT")
+    if not built:
+        pytest.skip("this run loads the host's objects (LAB_BUILD_IN_VM does not name its suite)")
+    assert hooks.object_path() == os.path.join(built, "whyrestart.bpf.o")
+    assert gpuhooks.object_path() == os.path.join(built, "gpu.bpf.o")
+    bpftool = shutil.which("bpftool") or "/usr/sbin/bpftool"
+    dumped = subprocess.run(
+        [bpftool, "btf", "dump", "file", "/sys/kernel/btf/vmlinux", "format", "c"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert Path(built, "vmlinux.h").read_text() == dumped, "not this kernel's vmlinux.h"
+    rungs = attached["fentry"].rungs
+    missing = [h for h in ("exit", "signal", "oom", "oom_context", "fork", "exec") if not rungs[h]]
+    assert not missing, f"hooks that attached no rung from the VM-built object: {missing}"
 
 
 def mark_victim_prototype() -> str:
@@ -250,6 +277,8 @@ def test_oom_kill_gets_the_exact_memcg(
     assert hog.wait.signal == signal.SIGKILL
     [oom] = ooms(events)
     assert (oom.rung, oom.victim_pid, oom.memcg) == (variant, hog.pid, True)
+    # oom_control's own constraint, and a kill (not a mark of a task already exiting)
+    assert (oom.constraint, oom.exiting) == ("memcg", False)
     assert (oom.limit_cgroup_id, oom.limit_bytes) == (cid, 48 * MiB)
     assert oom.victim_cgroup_id == victim_cgroup(res, cid, oom)
     assert 40 * MiB < oom.usage_bytes <= 48 * MiB
@@ -333,6 +362,8 @@ def test_oom_group_kills_every_member_and_each_gets_a_verdict(
     assert {(o.memcg, o.limit_cgroup_id, o.victim_cgroup_id) for o in kills} == {
         (True, cid, victim_cgroup(res, cid, o)) for o in kills
     }
+    exact = "memcg" if res.header.hooks["oom_context"] else ""
+    assert {(o.constraint, o.exiting) for o in kills} == {(exact, False)}
     if "oom_group_kill" in after:  # Linux 5.17+
         assert delta(before, after, "oom_group_kill") == 1
     comms = {e.pid: e.comm for e in exits(events)}

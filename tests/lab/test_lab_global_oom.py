@@ -54,6 +54,9 @@ def test_the_host_running_out_is_a_global_oom(tmp_path: Path, unkillable: None) 
     ooms = [e for e in events if isinstance(e, OomKill)]
     kmsg = [e for e in events if isinstance(e, KmsgOom)]
     assert [(o.victim_pid, o.memcg) for o in ooms] == [(v.pid, False)]
+    # oom_control's constraint (the best rung reads it): the whole machine, not NUMA nodes
+    exact = "none" if res.header.hooks["oom_context"] else ""
+    assert [(o.constraint, o.exiting) for o in ooms] == [(exact, False)]
     assert [(k.victim_pid, k.memcg, k.constraint) for k in kmsg] == [
         (v.pid, False, "CONSTRAINT_NONE")
     ]

@@ -18,7 +18,14 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.process_collector import ProcessCollector
 
-from tracer.analysis.findings import APP_EXIT, CGROUP_OOM, GLOBAL_OOM, Restart, Verdict
+from tracer.analysis.findings import (
+    APP_EXIT,
+    CGROUP_OOM,
+    GLOBAL_OOM,
+    NUMA_OOM,
+    Restart,
+    Verdict,
+)
 
 UNIT_LABELS = ("unit", "namespace", "pod", "container")
 DEFAULT_SERIES_TTL_S = 600.0
@@ -96,6 +103,14 @@ class Metrics:
         # for again (``labels()`` validates and locks: a third of the cost of a verdict's count)
         self._children: dict[tuple[str, ...], dict[tuple[Counter, tuple[str, ...]], Any]] = {}
         self._lost_seen = 0
+        self.signals_unrecorded = Counter(
+            "whyrestart_signals_unrecorded",
+            "Signals to watched processes counted in the kernel, not recorded: handled or "
+            "ignored, they could neither end a process nor explain its end",
+            ["signal"],
+            registry=reg,
+        )
+        self._unrecorded_seen: dict[str, int] = {}
         # time-to-limit warnings (tracer/analysis/eta.py): a series only while one stands
         self.limit_eta = Gauge(
             "whyrestart_memory_limit_eta_seconds",
@@ -124,8 +139,9 @@ class Metrics:
 
     def verdict(self, v: Verdict, labels: dict[str, str]) -> None:
         self._inc(self.exits, labels, (v.cause, v.confidence))
-        if v.cause in (CGROUP_OOM, GLOBAL_OOM):
-            scope = v.limit_scope or ("host" if v.cause == GLOBAL_OOM else "unknown")
+        if v.cause in (CGROUP_OOM, GLOBAL_OOM, NUMA_OOM):
+            host = {GLOBAL_OOM: "host", NUMA_OOM: "numa"}
+            scope = v.limit_scope or host.get(v.cause, "unknown")
             self._inc(self.oom_kills, labels, (scope,))
         if v.cause == APP_EXIT and v.exit_code == 0:
             self._inc(self.clean, labels)
@@ -159,6 +175,14 @@ class Metrics:
         self.disk.set(disk)
         self.incidents.set(incidents)
         self.cgroups.set(cgroups)
+
+    def signals_unsent(self, totals: dict[str, int]) -> None:
+        """The kernel's running totals by signal name (at most 64 series: no expiry)."""
+        for name, total in totals.items():
+            seen = self._unrecorded_seen.get(name, 0)
+            if total > seen:
+                self.signals_unrecorded.labels(name).inc(total - seen)
+                self._unrecorded_seen[name] = total
 
     # -- cardinality ------------------------------------------------------------------------
 

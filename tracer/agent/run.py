@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from prometheus_client import start_http_server
-
 from tracer import selfguard
+from tracer.agent import sdnotify, serve
 from tracer.agent.incidents import DEFAULT_AFTER_S, DEFAULT_BEFORE_S, IncidentStore, notable
 from tracer.agent.journal import Journal, restart_entry, verdict_entry
 from tracer.agent.metrics import DEFAULT_SERIES_TTL_S, Metrics
@@ -106,7 +106,9 @@ class Agent:
         self._lost = 0
         self._eta_units: set[int] = set()  # watched cgroups with a time-to-limit gauge now
         self._next_housekeeping = 0.0
-        self._ready = False
+        # set once a record the kernel makes would be judged: /metrics and /readyz answer 503
+        # before (tracer/agent/serve.py)
+        self.ready = threading.Event()
         self._clean_seen: dict[int, int] = {}  # cgroup id -> clean exits already counted
         self._next_sweep = time.monotonic() + SWEEP_S
         self._gone_before: set[int] = set()  # cgroups found gone by the last sweep
@@ -146,7 +148,7 @@ class Agent:
                 on_event=self._on_event,
                 sinks=[self.segments, self.incidents, _Housekeeping(self)],
                 reload=self._reload,
-                status=self._status,
+                on_ready=self._on_ready,
                 agent_filter=True,
                 # an always-on agent needs no 10 ms reaction (an OOM kill wakes it at once) nor
                 # 10 samples a second of every cgroup: a tenth of the wake-ups and samples
@@ -163,19 +165,23 @@ class Agent:
             self.state.close()
         return 0
 
-    def _status(self, line: str, final: bool) -> None:
-        """The recorder's status line, once a loop runs: the agent is watching."""
-        if not self._ready and not final:
-            self._ready = True
-            where = f", metrics on http://{self.config.metrics_addr}/metrics"
-            self._note(
-                f"ready: watching every cgroup; state in {self.state.path}"
-                + (where if self.config.metrics_addr else "")
-            )
+    def _on_ready(self) -> None:
+        """The hooks are attached and every source reads: an exit or OOM kill from now on is
+        judged. Every readiness signal turns true here, none before: /readyz (and /metrics),
+        systemd's READY=1, the ready line."""
+        self.ready.set()
+        problem = sdnotify.notify("READY=1\nSTATUS=watching every cgroup")
+        if problem is not None:
+            self._note(problem)
+        where = f", metrics on http://{self.config.metrics_addr}/metrics"
+        self._note(
+            f"ready: watching every cgroup; state in {self.state.path}"
+            + (where if self.config.metrics_addr else "")
+        )
 
     def _serve(self, addr: tuple[str, int]) -> None:
         try:
-            start_http_server(addr[1], addr=addr[0], registry=self.metrics.registry)
+            serve.start(addr[0], addr[1], self.metrics.registry, self.ready)
         except OSError as exc:
             raise UsageError(
                 f"cannot serve metrics on {addr[0]}:{addr[1]}: {exc.strerror or exc}",
@@ -265,6 +271,8 @@ class Agent:
             self.metrics.restart(r, label_parts(r.unit))
             self.journal.add(restart_entry(r, self.boot, self._clock_offset()))
         self._clean_exits()
+        if self.recorder is not None and self.recorder.kernel is not None:
+            self.metrics.signals_unsent(self.recorder.kernel.signals_unsent())
         if now >= self._next_sweep:
             self._next_sweep = now + SWEEP_S
             self._sweep()

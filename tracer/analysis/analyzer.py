@@ -39,6 +39,7 @@ from tracer.analysis.findings import (
     HIGH,
     LOW,
     MEDIUM,
+    NUMA_OOM,
     PROBE_KILL,
     SIGNAL_KILL,
     UNKNOWN,
@@ -76,6 +77,7 @@ __all__ = [
     "MAX_CLEAN_KEPT",
     "MAX_KEPT",
     "MEDIUM",
+    "NUMA_OOM",
     "PROBE_KILL",
     "ROUND_NS",
     "SETTLE_NS",
@@ -126,6 +128,10 @@ class Analyzer:
         # unit key -> the last verdict on a process there killed by a signal (its init may
         # pass the death on as its own exit code)
         self._deaths: dict[str, Verdict] = {}
+        # unit key -> the last few deaths by a signal of processes there that are not its main
+        # process, with each one's parent pid (a main process's non-zero exit soon after may be
+        # their consequence: rules.related_exit)
+        self._related: dict[str, deque[tuple[Verdict, int]]] = {}
         self._held: Event | None = None  # a record far ahead of the stream, not yet trusted
         self.set_aside = 0  # records set aside for an absurd timestamp
         self._now = 0  # stream time of the last round
@@ -497,6 +503,8 @@ class Analyzer:
                 and pid not in by_pid
                 and not (restartable and status >> 8 > 128)  # (an init passing a death on)
                 and (drop_any or (drop_clean and status == 0))
+                # (nor a main process's exit a death in its unit may explain: related_exit)
+                and not (status and main and unit is not None and unit.key in self._related)
             ):
                 if restartable:
                     note_cause(pid, ex.ts, APP_EXIT)  # a restart may name it
@@ -539,6 +547,7 @@ class Analyzer:
             main=main,
             init_exit=table.main_exits.get(key) if key else None,
             child_death=self._deaths.get(key) if key and main else None,
+            related_deaths=tuple(self._related.get(key, ())) if key and main else (),
             # (who started it, and what it runs: only a death by a signal asks)
             ancestors=table.ancestors(ex.pid, ex.ppid) if ex.status & 0x7F else frozenset(),
             exe_of=table.exe_of,
@@ -549,10 +558,14 @@ class Analyzer:
             if len(deaths) >= 4096:
                 deaths.clear()
             deaths[key] = v
+            related = self._related
+            if len(related) >= 4096:
+                related.clear()
+            related.setdefault(key, deque(maxlen=rules.RELATED_DEATHS_KEPT)).append((v, ex.ppid))
         return v
 
 
-_OOM_CAUSES = frozenset((CGROUP_OOM, GLOBAL_OOM))
+_OOM_CAUSES = frozenset((CGROUP_OOM, GLOBAL_OOM, NUMA_OOM))
 
 # an exit waiting to be judged: its time and pid (the order exits are judged in), the exit, its
 # unit and whether it was the unit's main process (decided at the exit, before a successor ran)

@@ -18,6 +18,7 @@ from tracer.events import Exit, signal_name
 
 CGROUP_OOM = "cgroup_oom"
 GLOBAL_OOM = "global_oom"
+NUMA_OOM = "numa_oom"  # the NUMA nodes a cpuset or mempolicy allowed ran out, not the host
 GPU_OOM = "gpu_oom"
 PROBE_KILL = "probe_kill"
 USERSPACE_OOM = "userspace_oom"
@@ -30,6 +31,7 @@ UNKNOWN = "unknown"
 CAUSES = (
     CGROUP_OOM,
     GLOBAL_OOM,
+    NUMA_OOM,
     GPU_OOM,
     PROBE_KILL,
     USERSPACE_OOM,

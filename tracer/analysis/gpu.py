@@ -203,6 +203,13 @@ def facts(store: GpuStore, ex: Exit, since: int) -> GpuFacts:
         if index is None:  # the kernel log names a PCI bus: NVML's bus ids map it
             key = pci_key(e.device)
             index = store.bus_index.get(key) if key is not None else None
+            if (
+                index is None
+                and key is not None
+                and known
+                and known <= set(store.bus_index.values())
+            ):
+                return False  # a bus that is none of the GPUs in sight: another device's
         if index is None:
             return len(known) <= 1
         if indices:

@@ -63,7 +63,10 @@ class ProcessTable:
         # (pid, exit ts) -> the cause of that exit's verdict: a restart names it (by pid
         # alone, a later process reusing the pid would relabel it)
         self.cause: OrderedDict[tuple[int, int], str] = OrderedDict()
-        self.mains: set[str] = set()  # labels of the units a main process was seen in
+        # the units a main process was seen in, (kind, key) -> its newest label: a recorded
+        # command's label is its comm, which an exec changes ("sh (pid 7)" execs the server:
+        # "llama-server (pid 7)"), and it is still the one unit
+        self.mains: dict[tuple[str, str], str] = {}
         self.checks: set[int] = set()  # pids of exec health checks (ProbeSample.pid)
         self.cgroup_units: dict[int, UnitName | None] = {}  # cgroup id -> unit_of_cgroup
         # the cgroups among those that name their unit themselves (a container, a systemd
@@ -199,7 +202,7 @@ class ProcessTable:
     def new_main(self, ev: Exec, unit: UnitName) -> None:
         """A unit's new main process started: a restart, when the last one ended."""
         pid = ev.pid
-        self.mains.add(unit.label)
+        self.mains[unit.kind, unit.key] = unit.label
         ended = self.ended.pop(unit.key, None)
         if ended is not None and ended[0] != pid:
             old_pid, old_ts = ended
@@ -212,7 +215,7 @@ class ProcessTable:
         as children of systemd, like the main process: one that ends cleanly within
         ``HELPER_NS`` of its start was a helper, not a run of the service. A link to it is
         taken back and the unit's last real main process stays the one a restart follows."""
-        self.mains.add(unit.label)
+        self.mains[unit.kind, unit.key] = unit.label
         if unit.kind == "systemd" and status == 0 and ts - start < HELPER_NS:
             links = self.links
             if links and links[-1][4] == pid and links[-1][5] == unit.key:
@@ -224,7 +227,7 @@ class ProcessTable:
     def sole_unit(self) -> str | None:
         """The one unit a main process was seen in, when there is exactly one."""
         if len(self.mains) == 1:
-            return next(iter(self.mains))
+            return next(iter(self.mains.values()))
         return None
 
     def restarts(self) -> list[Restart]:

@@ -5,12 +5,13 @@ no retention, no English (tracer/analysis/wording.py has the words).
 (tracer/analysis/gpu.py), then signals (a health-probe kill, a user-space OOM killer, a
 supervisor's stop, anyone else), then the process's own exit.
 
-Rules (ARCHITECTURE.md, "Verdicts need agreement"): exit status 137 alone is never a memory verdict. An OOM verdict
-needs an OOM kill of this very process incarnation (from BPF or the kernel log, stamped after
-it started) *and* a SIGKILL exit that no process sent; the OOM killer's own SIGKILL (si_code
-SI_KERNEL) is part of that OOM, not a second "signal kill". Evidence belongs to an incarnation
-(pid + start time), never to a bare pid: a report stamped before the process started is about
-an earlier process with the pid, and one an earlier exit's verdict used is gone with it.
+Rules (ARCHITECTURE.md, "Verdicts need agreement"): exit status 137 alone is never a memory
+verdict. An OOM verdict needs an OOM kill of this very process incarnation (from BPF or the
+kernel log, stamped after it started) *and* a SIGKILL exit that no process sent; the OOM
+killer's own SIGKILL (si_code SI_KERNEL) is part of that OOM, not a second "signal kill".
+Evidence belongs to an incarnation (pid + start time), never to a bare pid: a report stamped
+before the process started is about an earlier process with the pid, and one an earlier exit's
+verdict used is gone with it.
 
 How sure (README, "How sure a verdict is"): a cause the kernel records as an act is seen
 directly: the exit code a process returned, the signal hook's record of who sent the signal
@@ -42,6 +43,7 @@ from tracer.analysis.findings import (
     HIGH,
     LOW,
     MEDIUM,
+    NUMA_OOM,
     PROBE_KILL,
     SIGNAL_KILL,
     UNKNOWN,
@@ -52,6 +54,7 @@ from tracer.analysis.findings import (
 )
 from tracer.events import (
     SI_KERNEL,
+    SI_USER,
     CgroupSample,
     Exit,
     KmsgOom,
@@ -80,12 +83,27 @@ PRESSURE_USAGE = 0.90  # of a cgroup's limit
 PRESSURE_STALL_NS = 1 * SECOND
 RUNTIME_HEALTHCHECK = "healthcheck"  # ProbeSample.target of a runtime's own exec health check
 HEADROOM = 0.15
+# A main process's non-zero exit this soon after another process of its unit was OOM-killed or
+# killed by a signal passes that death on (an API server whose engine or worker process died:
+# vllm's "Failed core proc(s)", a gunicorn master giving up on its workers). Seconds, not
+# more: a later exit has had time for a cause of its own.
+RELATED_DEATH_NS = 5 * SECOND
+RELATED_DEATHS_KEPT = 8  # deaths remembered per unit (the first of a cascade is the cause)
 
 # Signals a process raises on itself (abort(), faults): without a signal event for the exit,
 # these are taken as its own doing.
 _SELF_INFLICTED = frozenset(
     {_signal.SIGABRT, _signal.SIGSEGV, _signal.SIGBUS, _signal.SIGFPE, _signal.SIGILL}
 )
+# Signals the kernel raises for a process's own set-up, from whatever task was running (an
+# interrupt's or a kworker's current task is no sender): the terminal driver's (n_tty isig(),
+# a hang-up: kill_pgrp(..., 1), SEND_SIG_PRIV), the interval timers' (it_real_fn(),
+# check_cpu_itimer(): SEND_SIG_PRIV), the CPU time limit's (check_rlimit(): SEND_SIG_PRIV);
+# si_code of POSIX timers, message queues, AIO and SIGIO (uapi asm-generic/siginfo.h).
+_TTY_SIGNALS = frozenset({_signal.SIGINT, _signal.SIGQUIT, _signal.SIGHUP})
+_ITIMER_SIGNALS = frozenset({_signal.SIGALRM, _signal.SIGVTALRM, _signal.SIGPROF})
+SI_TIMER, SI_MESGQ, SI_ASYNCIO, SI_SIGIO = -2, -3, -4, -5
+POLL_CODES = range(1, 7)  # POLL_IN .. POLL_HUP: SIGIO from send_sigio()
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +126,9 @@ class ExitView:
     main: bool = True  # its unit's main process
     init_exit: tuple[int, int] | None = None  # (pid, ts): its unit's main process ended
     child_death: Verdict | None = None  # the last death by a signal of another process there
+    # the last few deaths by a signal of other processes there, oldest first, with each one's
+    # parent pid (related_exit)
+    related_deaths: tuple[tuple[Verdict, int], ...] = ()
     ancestors: frozenset[int] = frozenset()  # its parent and theirs, in the recorded tree
     exe_of: Callable[[int], str] | None = None  # a pid's executable from its exec, when seen
 
@@ -154,7 +175,9 @@ def oom_evidence_complete(ex: Exit, store: Evidence) -> bool:
     bpf = [o for o in pe.ooms if lo <= o.ts <= ex.ts]
     if not bpf or not any(lo <= k.ts for k in pe.kmsg):
         return False
-    oom = bpf[-1]
+    oom = best_oom(bpf)
+    if oom is None:
+        return False
     if not oom.memcg:
         return True  # (a global OOM: no cgroup counter is read)
     cg = store.by_cgroup.get(oom.limit_cgroup_id or ex.cgroup_id)
@@ -204,6 +227,18 @@ def failing_probes(v: ExitView, until: int) -> list[ProbeSample]:
     return run
 
 
+def never_healthy(v: ExitView, until: int) -> int | None:
+    """How many of the unit's probes ran from this process's start to ``until`` with none
+    passing (it was still starting); None when none ran or one passed, or when the probes
+    began over PROBE_WINDOW_NS after its start (a recording that attached to a running server,
+    or a start not known: it may have been healthy before)."""
+    start = v.ex.start_ns
+    probes = v.ev.probes_between(start, until, v.unit, v.unlabelled_probes)
+    if not probes or probes[0].ts - start > PROBE_WINDOW_NS or any(p.ok for p in probes):
+        return None
+    return len(probes)
+
+
 def _with_probe_failures(v: ExitView, f: Finding) -> Finding:
     failing = failing_probes(v, v.ex.ts)
     if not failing:
@@ -218,7 +253,7 @@ def _with_probe_failures(v: ExitView, f: Finding) -> Finding:
 
 def _decide(v: ExitView) -> Finding:
     ws = v.ex.wait
-    had_oom = bool(v.ooms or v.kmsg)
+    had_oom = best_oom(v.ooms) is not None or bool(v.kmsg)
     if had_oom and ws.signal == _signal.SIGKILL:
         killer = fatal_signal(v.signals, _signal.SIGKILL)
         if killer is None or _kernel_kill(killer) or any(_kernel_kill(s) for s in v.signals):
@@ -231,7 +266,7 @@ def _decide(v: ExitView) -> Finding:
         return gpu
     if ws.signal is not None:
         return signal_exit(v, had_oom)
-    return init_exit(v) or app_exit(v, had_oom)
+    return init_exit(v) or handled_stop(v) or related_exit(v, had_oom) or app_exit(v, had_oom)
 
 
 # -- the process's own exit ------------------------------------------------------------------
@@ -290,6 +325,124 @@ def init_exit(v: ExitView) -> Finding | None:
     )
 
 
+def related_exit(v: ExitView, had_oom: bool) -> Finding | None:
+    """A unit's main process exits non-zero within RELATED_DEATH_NS after another process of
+    the unit (its worker, its engine process) was OOM-killed or killed by a signal that the
+    main process did not send itself: that death is the cause, passed on with its evidence and
+    the gap (an API server exiting 1 after its worker's OOM kill is not a bug of its own).
+    Medium at most: the link is inferred from the timing; an OOM report about the main
+    process itself (a disagreement app_exit states) leaves it to app_exit."""
+    ex, code = v.ex, v.ex.wait.code
+    if not v.main or had_oom or not code or not v.related_deaths:
+        return None
+    lo = max(ex.ts - RELATED_DEATH_NS, ex.start_ns)
+    # (deaths the main process caused itself, stopping its workers on its way out, are its
+    # doing, not a cause; a pid reused by the main process is not another process)
+    near = [
+        (d, ppid)
+        for d, ppid in v.related_deaths
+        if lo <= d.ts <= ex.ts and d.pid != ex.pid and d.sender_pid != ex.pid
+    ]
+    if not near:
+        return None
+    # the first death of a cascade is its cause; an OOM kill before any other death
+    ooms = [n for n in near if n[0].cause in _OOM_CAUSES]
+    child, ppid = (ooms or near)[0]
+    gap = ex.ts - child.ts
+    oom = child.cause in _OOM_CAUSES
+    line = say.related_death(code, gap, child.pid, child.comm, ppid == ex.pid, oom, child.signal)
+    return Finding(
+        child.cause,
+        MEDIUM if child.confidence != LOW else LOW,
+        say.related_death_summary(line, child.summary),
+        child.advice,
+        tuple(sorted([*child.evidence, v.exit_ev, (ex.ts, line)])),
+        disagreements=child.disagreements,
+        sender_pid=child.sender_pid,
+        sender_comm=child.sender_comm,
+        sender_role=child.sender_role,
+        limit_cgroup=child.limit_cgroup,
+        limit_scope=child.limit_scope,
+        limit_bytes=child.limit_bytes,
+        usage_bytes=child.usage_bytes,
+        peak_bytes=child.peak_bytes,
+        peak_ts=child.peak_ts,
+        breakdown=child.breakdown,
+        stall_ns=child.stall_ns,
+        host_available=child.host_available,
+        exit_code=code,
+    )
+
+
+def handled_stop(v: ExitView) -> Finding | None:
+    """A main process that exits 128 + N right after another process sent it signal N, which
+    it handled (a shell's ``trap 'exit 143' TERM``, a server's graceful shutdown): stopped on
+    request, as a runtime's graceful stop (``docker stop``, CRI StopContainer) ends it, not an
+    exit of its own. Worded by who sent it, as a kill is."""
+    ex = v.ex
+    code = ex.wait.code
+    if not v.main or code is None or code <= 128 or code - 128 > 64:
+        return None
+    sig = next(
+        (
+            s
+            for s in reversed(v.signals)
+            if s.sig == code - 128
+            and s.sender_pid != ex.pid
+            and s.si_code != SI_KERNEL
+            and s.result == 0
+            and 0 <= ex.ts - s.ts <= SETTLE_NS
+        ),
+        None,
+    )
+    if sig is None:
+        return None
+    exe = sig.sender_exe or (v.exe_of(sig.sender_pid) if v.exe_of is not None else "")
+    who = senders.classify(
+        sig.sender_comm,
+        sig.sender_pid,
+        ex.pid,
+        kernel=False,
+        supervisor_pids=v.supervisor_pids,
+        exe=exe,
+        cgroup=v.ev.path(sig.sender_cgroup_id) or "",
+        ancestor=sig.sender_pid in v.ancestors,
+    )
+    if who.role in (senders.ROLE_SELF, senders.ROLE_KERNEL):
+        return None
+    name = signal_name(sig.sig)
+    summary, advice = say.sender_text(
+        who, say.handled_how(name, code), sig.sender_comm, sig.sender_pid
+    )
+    evidence = [(sig.ts, say.signal_from(name, sig.sender_pid, sig.sender_comm)), v.exit_ev]
+    if who.doubt:
+        evidence.append((sig.ts, who.doubt))
+    disagree: tuple[str, ...] = ()
+    record = supervisor_record(v, sig.ts)
+    if record is not None:
+        # the runtime's word beside ours; an OOMKilled for a handled stop is its mistake
+        # (kubernetes#140718), said so, not taken
+        evidence.append((record[0].ts, record[1]))
+        if record[0].oom_killed:
+            disagree = (say.runtime_claims_oom(record[0].source),)
+    return Finding(
+        SIGNAL_KILL,
+        HIGH,
+        summary,
+        advice,
+        tuple(sorted(evidence)),
+        disagreements=disagree,
+        sender_pid=sig.sender_pid,
+        sender_comm=sig.sender_comm,
+        sender_role=who.role,
+        sender_exe=exe or None,
+        exit_code=code,
+    )
+
+
+_OOM_CAUSES = frozenset((CGROUP_OOM, GLOBAL_OOM))
+
+
 def alloc_failures(v: ExitView) -> list[Evidence_]:
     """Signs that memory ran out shortly before an exit the process chose: the cgroup's
     charge-failure counters rose, or the process stalled in reclaim."""
@@ -322,7 +475,7 @@ def oom_kill(v: ExitView) -> Finding:
     ex, store = v.ex, v.ev
     evidence: list[Evidence_] = []
     disagree: list[str] = []
-    bpf = v.ooms[-1] if v.ooms else None
+    bpf = best_oom(v.ooms)
     km = v.kmsg[-1] if v.kmsg else None
     # The mark_victim rungs guess the scope (a cgroup found at its limit by walking up from
     # the victim); the kernel log states the OOM's constraint. Where both exist, the kernel's
@@ -337,13 +490,14 @@ def oom_kill(v: ExitView) -> Finding:
     limit_id, limit_path, limit_bytes, usage, differ = limiting_cgroup(v, bpf, km)
     if differ:
         disagree.append(differ)
-    oom_ts = min([o.ts for o in v.ooms] + [k.ts for k in v.kmsg])
+    oom_ts = min([o.ts for o in v.ooms if not o.exiting] + [k.ts for k in v.kmsg])
     for s in v.signals:
         # __oom_kill_process() sends the SIGKILL just before mark_oom_victim(): the signal
         # may precede the OOM event by microseconds.
         if s.sig == _signal.SIGKILL and s.si_code == SI_KERNEL and abs(s.ts - oom_ts) < SECOND:
             evidence.append((s.ts, say.oom_killer_signal(s.sender_comm)))
     memcg = any(votes)
+    numa = numa_constraint(bpf, km)
     if len(set(votes)) > 1:
         disagree.append(say.CONSTRAINTS_DISAGREE)
     if guessed and bpf is not None and km is not None and bpf.memcg != km.memcg:
@@ -368,8 +522,10 @@ def oom_kill(v: ExitView) -> Finding:
         cause = CGROUP_OOM
         where = store.cgroup_label(limit_id, limit_path)
         summary, advice = say.cgroup_oom_text(
-            where, limit_bytes, scope, host_avail, stall, peak, HEADROOM
+            where, limit_bytes, scope, host_avail, stall, peak, HEADROOM, never_healthy(v, oom_ts)
         )
+    elif numa:
+        cause, summary, advice = NUMA_OOM, say.numa_oom_summary(numa), say.NUMA_OOM_ADVICE
     else:
         cause, summary, advice = GLOBAL_OOM, say.GLOBAL_OOM_SUMMARY, say.GLOBAL_OOM_ADVICE
     return Finding(
@@ -395,6 +551,35 @@ def oom_kill(v: ExitView) -> Finding:
 # BPF rungs that read the OOM's memory cgroup from the kernel's own oom_control; the others
 # walk the victim's ancestors for one at its limit, a guess the kernel log can overrule
 _EXACT_RUNGS = frozenset(("kprobe", "fentry"))
+
+# The kernel's CONSTRAINT_CPUSET / CONSTRAINT_MEMORY_POLICY (oom_control, and the kernel log's
+# oom-kill line): the allocation could only use some NUMA nodes, and those ran out.
+_NUMA_CONSTRAINTS = {
+    "cpuset": "cpuset",
+    "mempolicy": "mempolicy",
+    "CONSTRAINT_CPUSET": "cpuset",
+    "CONSTRAINT_MEMORY_POLICY": "mempolicy",
+}
+
+
+def best_oom(ooms: list[OomKill]) -> OomKill | None:
+    """The record that says most about the kill: never a mark of a victim that was already
+    exiting by itself (task_will_free_mem(): the OOM killer marked it and killed nothing); the
+    exact rungs' (oom_control read) before the guesses; the first of equals (a later mark of the
+    same process is another of its threads, outside the kill). Not simply the last: a guess
+    that came after the exact record would override its scope."""
+    kills = [o for o in ooms if not o.exiting]
+    exact = [o for o in kills if o.rung in _EXACT_RUNGS]
+    return exact[0] if exact else kills[0] if kills else None
+
+
+def numa_constraint(bpf: OomKill | None, km: KmsgOom | None) -> str | None:
+    """ "cpuset" or "mempolicy" when the OOM was confined to some NUMA nodes, as oom_control
+    (the exact rungs) or the kernel log's constraint says; None otherwise."""
+    for said in (bpf.constraint if bpf else "", km.constraint if km else ""):
+        if said in _NUMA_CONSTRAINTS:
+            return _NUMA_CONSTRAINTS[said]
+    return None
 
 
 def limiting_cgroup(
@@ -625,6 +810,9 @@ def signal_exit(v: ExitView, had_oom: bool) -> Finding:
         )
     if _kernel_kill(last):
         return kernel_kill(v, last, disagree)
+    origin = kernel_origin(v, last, core, disagree)
+    if origin is not None:
+        return origin
     exe = last.sender_exe or (v.exe_of(last.sender_pid) if v.exe_of is not None else "")
     who = senders.classify(
         last.sender_comm,
@@ -693,6 +881,69 @@ def signal_exit(v: ExitView, had_oom: bool) -> Finding:
     )
 
 
+def own_source(last: Signal) -> str | None:
+    """Which of the process's own set-ups raised ``last`` (wording.OWN_SIGNAL_SOURCES), if
+    one did."""
+    code, sig = last.si_code, last.sig
+    if code in (SI_TIMER, SI_MESGQ, SI_ASYNCIO):
+        return "timer" if code == SI_TIMER else "sigio"
+    if code == SI_SIGIO or (sig == _signal.SIGIO and code in POLL_CODES):
+        return "sigio"
+    if code == SI_KERNEL and sig in _ITIMER_SIGNALS:
+        return "itimer"
+    if code == SI_KERNEL and sig == _signal.SIGXCPU:
+        return "rlimit_cpu"
+    return None
+
+
+def kernel_origin(
+    v: ExitView, last: Signal, core: str, disagree: tuple[str, ...]
+) -> Finding | None:
+    """A fatal signal the kernel sent for the process's own set-up, whichever task's context
+    it ran in: its parent-death signal (sent by the parent's exiting thread), its terminal, its
+    own timers, asynchronous I/O or CPU time limit. None: a sender to classify."""
+    name = signal_name(last.sig)
+    if last.sender_exiting and last.si_code == SI_USER and last.sender_pid != v.ex.pid:
+        # forget_original_parent() sends pdeath_signal from the exiting thread, as SI_USER
+        summary, advice = say.pdeath_text(name, core, last.sender_pid, last.sender_comm)
+        line = say.pdeath_line(name, last.sender_pid, last.sender_comm)
+        return Finding(
+            SIGNAL_KILL,
+            HIGH,
+            summary,
+            advice,
+            ((last.ts, line), v.exit_ev),
+            disagreements=disagree,
+            sender_pid=last.sender_pid,
+            sender_comm=last.sender_comm,
+            sender_role=senders.ROLE_KERNEL,
+        )
+    if last.si_code == SI_KERNEL and last.sig in _TTY_SIGNALS:
+        summary, advice = say.tty_text(name, core)
+        return Finding(
+            SIGNAL_KILL,
+            HIGH,
+            summary,
+            advice,
+            ((last.ts, say.tty_line(name)), v.exit_ev),
+            disagreements=disagree,
+            sender_role=senders.ROLE_KERNEL,
+        )
+    source = own_source(last)
+    if source is None:
+        return None
+    summary, advice = say.own_source_text(source, name, core)
+    return Finding(
+        APP_EXIT,
+        HIGH,
+        summary,
+        advice,
+        ((last.ts, say.own_source_line(source, name)), v.exit_ev),
+        disagreements=disagree,
+        sender_role=senders.ROLE_SELF,
+    )
+
+
 def kernel_kill(v: ExitView, last: Signal, disagree: tuple[str, ...]) -> Finding:
     """A SIGKILL the kernel sent, with no OOM report for this process: the OOM killer whose
     report is late or lost, or a PID namespace's end. Only evidence decides which: the memory
@@ -742,7 +993,7 @@ def kernel_kill(v: ExitView, last: Signal, disagree: tuple[str, ...]) -> Finding
         LOW,
         summary,
         advice,
-        tuple(sorted([kill_ev, v.exit_ev, *((x.ts, say.lost_records(x.count)) for x in lost)])),
+        tuple(sorted([kill_ev, v.exit_ev, *((x.ts, say.lost_evidence(x.count)) for x in lost)])),
         disagreements=disagree,
         sender_role=senders.ROLE_KERNEL,
     )
@@ -808,6 +1059,7 @@ def probe_kill(v: ExitView, kill: SenderKill) -> Finding | None:
     ev = [*kill.evidence, *((p.ts, say.probe_line(p)) for p in recent)]
     # only slow, never failed: the supervisor's patience is inferred, not recorded
     slow_only = all(p.ok and not p.timed_out for p in failing)
+    starting = never_healthy(v, last.ts) is not None
     summary, advice = say.probe_kill_text(
         kill.who.description,
         kill.how,
@@ -816,6 +1068,7 @@ def probe_kill(v: ExitView, kill: SenderKill) -> Finding | None:
         psi,
         failed_for_ns=last.ts - failing[0].ts,
         slow_only=slow_only,
+        starting_ns=last.ts - ex.start_ns if starting else None,
     )
     return kill.finding(
         PROBE_KILL,

@@ -78,8 +78,12 @@ def bpf_oom(bpf: OomKill, limit_path: str | None) -> str:
     where = f" in {limit_path}" if limit_path else ""
     return (
         f"[{bpf.rung}] OOM killer chose pid {bpf.victim_pid}, "
-        f"{'memcg' if bpf.memcg else 'global'}{where}"
+        f"{'memcg' if bpf.memcg else _NODES.get(bpf.constraint, 'global')}{where}"
+        + (" (already exiting: marked, not killed)" if bpf.exiting else "")
     )
+
+
+_NODES = {"cpuset": "cpuset-constrained (NUMA)", "mempolicy": "mempolicy-constrained (NUMA)"}
 
 
 def scope_guess_overruled(rung: str, guessed_memcg: bool) -> str:
@@ -137,6 +141,11 @@ def cgroups_disagree(kmsg_memcg: str, bpf_path: str) -> str:
 CONSTRAINTS_DISAGREE = "BPF and the kernel log disagree on memcg vs global constraint"
 
 
+# Usage this close to the limit at the kill means the kill was at the limit: the memory the
+# process wanted is unknown, only that it is more than the limit.
+AT_LIMIT = 0.95
+
+
 def cgroup_oom_text(
     where: str,
     limit_bytes: int | None,
@@ -145,25 +154,57 @@ def cgroup_oom_text(
     stall: int | None,
     peak: int | None,
     headroom: float,
+    starting_probes: int | None = None,
 ) -> tuple[str, str]:
+    """A cgroup OOM's summary and advice. ``starting_probes``: the health probes that ran
+    from the process's start to the kill without one passing (it never became healthy)."""
     whose = {"own": "its own cgroup", "ancestor": "the ancestor"}.get(scope or "", "")
     summary = f"OOM-killed: {where} hit its limit {fmt_bytes(limit_bytes)}" + (
         f" ({whose})" if whose else ""
     )
+    if starting_probes:
+        summary += (
+            f"; it was still starting (none of its {starting_probes} health "
+            f"probe{'s' if starting_probes != 1 else ''} had passed)"
+        )
     if host_avail is not None:
         summary += f"; the host had {fmt_bytes(host_avail)} available"
     if stall:
         summary += f"; {fmt_duration(stall)} of reclaim stalls in the minute before"
+    which = "the parent" if scope == "ancestor" else "that"
+    if limit_bytes and (peak is None or peak >= limit_bytes * AT_LIMIT):
+        # a peak at the limit is the limit, not the need: "15% over the peak" would fail again
+        when = " while it was still starting" if starting_probes else ""
+        advice = (
+            f"peak {fmt_bytes(peak or limit_bytes)} = the effective limit "
+            f"{fmt_bytes(limit_bytes)} set on {where}{when}: it was killed at the limit, so "
+            f"it needed more than {fmt_bytes(limit_bytes)} (its real need is unknown and "
+            f"higher); raise {which} limit (find the smallest "
+            "that holds with whyrestart repro --memory-max A,B,C -- COMMAND)"
+        )
+        return summary, advice
     target = int((peak or limit_bytes or 0) * (1 + headroom))
     advice = (
         f"peak {fmt_bytes(peak)} vs effective limit {fmt_bytes(limit_bytes)} set "
         f"on {where}: keep >= 15% headroom (>= {fmt_bytes(target)}) or raise "
-        f"{'the parent' if scope == 'ancestor' else 'that'} limit"
+        f"{which} limit"
     )
     return summary, advice
 
 
 GLOBAL_OOM_SUMMARY = "OOM-killed by the host's OOM killer: the whole machine ran out of memory"
+NUMA_OOM_ADVICE = (
+    "the memory nodes it was confined to were exhausted while other nodes may have had memory "
+    "free: widen the allowed nodes (cpuset.mems, numactl --membind, the Kubernetes Memory "
+    "Manager's reservation), use a preferred or interleaved policy, or size it to one node"
+)
+
+
+def numa_oom_summary(kind: str) -> str:
+    by = "its cpuset's memory nodes" if kind == "cpuset" else "its memory policy's nodes"
+    return f"OOM-killed by the host's OOM killer: {by} ran out of memory (NUMA-constrained)"
+
+
 GLOBAL_OOM_ADVICE = (
     "the host itself was exhausted: find the largest consumers, add memory, "
     "or set per-service limits so one service cannot starve the rest"
@@ -181,6 +222,68 @@ def no_sender_text(name: str, core: str) -> tuple[str, str]:
 
 
 NO_SIGNAL_EVENT = "no signal event for this exit"
+
+
+def pdeath_text(name: str, core: str, pid: int, comm: str) -> tuple[str, str]:
+    return (
+        f"killed by {name}{core}: the parent-death signal it asked for (PR_SET_PDEATHSIG), sent "
+        f"by the kernel as the thread of {comm} (pid {pid}) that started it exited",
+        "the parent-death signal fires when the thread that forked the child exits, even "
+        "though the parent process lives on: fork from a thread that lives as long as the "
+        "parent (Go: runtime.LockOSThread around the start), or do not ask for it",
+    )
+
+
+def pdeath_line(name: str, pid: int, comm: str) -> str:
+    return f"{name} from the kernel as a thread of {comm} (pid {pid}) exited (PR_SET_PDEATHSIG)"
+
+
+def tty_text(name: str, core: str) -> tuple[str, str]:
+    if name == "SIGHUP":
+        return (
+            f"killed by SIGHUP{core} from its terminal: the terminal or the ssh session it ran "
+            "in hung up",
+            "run it detached from the terminal (a service, setsid, nohup, tmux) if it must "
+            "outlive the session",
+        )
+    key = "Ctrl-\\" if name == "SIGQUIT" else "Ctrl-C"
+    return (
+        f"interrupted with {name}{core} from its terminal ({key} typed there, sent by the tty "
+        "driver)",
+        f"someone pressed {key} at the terminal it runs on; run it detached from the terminal "
+        "(a service, setsid, nohup) if that was not meant",
+    )
+
+
+def tty_line(name: str) -> str:
+    return f"{name} from the terminal driver (a key typed at its terminal, or a hang-up)"
+
+
+OWN_SIGNAL_SOURCES = {
+    "timer": "its own POSIX timer (timer_create with SIGEV_SIGNAL)",
+    "itimer": "its own interval timer (alarm() or setitimer())",
+    "sigio": "its own asynchronous I/O notification (O_ASYNC / F_SETSIG)",
+    "rlimit_cpu": "its CPU time limit (RLIMIT_CPU, ulimit -t)",
+}
+
+
+def own_source_text(source: str, name: str, core: str) -> tuple[str, str]:
+    what = OWN_SIGNAL_SOURCES[source]
+    if source == "rlimit_cpu":
+        return (
+            f"killed by {name}{core}: it used up {what}",
+            "raise the CPU time limit where it is set (ulimit -t, LimitCPU=, "
+            "setrlimit), or find what made it spin",
+        )
+    return (
+        f"killed by {name}{core} from {what}: the kernel raised it, no process sent it",
+        f"the program armed {name} without handling it: handle, block or ignore the signal "
+        "before arming it",
+    )
+
+
+def own_source_line(source: str, name: str) -> str:
+    return f"{name} from {OWN_SIGNAL_SOURCES[source]}"
 
 
 def sent_by_kernel(name: str, pid: int, comm: str) -> str:
@@ -219,8 +322,25 @@ def unexplained_kernel_kill_text(lost: int) -> tuple[str, str]:
     )
 
 
+# a stall's kind (ReclaimStall.kind, tracer.analysis.quantities.STALL_KINDS) in words
+_STALL_WORDS = {
+    "memcg": "reclaim",
+    "direct": "host direct reclaim",
+    "high": "memory.high throttling",
+}
+
+
+def stall_kind(kind: str) -> str:
+    return _STALL_WORDS.get(kind, kind)
+
+
 def lost_records(n: int) -> str:
-    return f"{n} records lost (ring buffer full): evidence may be missing"
+    """Records the kernel could not hand over, worded once for every output."""
+    return f"{n} records lost (the ring buffer was full)"
+
+
+def lost_evidence(n: int) -> str:
+    return f"{lost_records(n)}: evidence may be missing"
 
 
 def oom_reported_yet_sent(name: str, sender_pid: int, sender_comm: str) -> str:
@@ -236,6 +356,19 @@ def killed_by_other(name: str, sender_pid: int, sender_comm: str) -> str:
 
 def passed_on(code: int, pid: int, comm: str, summary: str) -> str:
     return f"exited with code {code}, passing on the death of pid {pid} ({comm}): {summary}"
+
+
+def related_death(
+    code: int, gap_ns: int, pid: int, comm: str, worker: bool, oom: bool, sig: str | None
+) -> str:
+    who = f"its worker pid {pid} ({comm})" if worker else f"pid {pid} ({comm}) of the same unit"
+    how = "was OOM-killed" if oom else f"was killed by {sig or 'a signal'}"
+    return f"exited {code}, {fmt_duration(gap_ns)} after {who} {how}"
+
+
+def related_death_summary(line: str, summary: str) -> str:
+    # (the line already says how it died: "... was OOM-killed: OOM-killed: ..." says it twice)
+    return f"{line}: {summary.removeprefix('OOM-killed: ')}"
 
 
 def raised_by_itself(name: str) -> str:
@@ -267,6 +400,16 @@ def signal_from(name: str, sender_pid: int, sender_comm: str) -> str:
 
 def stop_how(grace_s: float) -> str:
     return f"SIGTERM, then SIGKILL {grace_s:.1f} s later (the stop grace period ran out)"
+
+
+def handled_how(name: str, code: int) -> str:
+    return f"{name}, which it handled: it exited with code {code}"
+
+
+def runtime_claims_oom(source: str) -> str:
+    """A runtime's OOMKilled for an exit that was no OOM kill (containerd derives it from the
+    cgroup's cumulative OOM counter: a child's earlier OOM kill marks every later exit)."""
+    return f"{source} says OOMKilled"
 
 
 def supervisor_recorded(source: str, unit: str, code: int | None, oom_flag: bool | None) -> str:
@@ -409,6 +552,7 @@ def probe_kill_text(
     psi: float | None,
     failed_for_ns: int = 0,
     slow_only: bool = False,
+    starting_ns: int | None = None,
 ) -> tuple[str, str]:
     context = ""
     if stall:
@@ -418,7 +562,17 @@ def probe_kill_text(
     what = "slow health probes" if slow_only else "failing health probes"
     during = f" for {fmt_duration(failed_for_ns)}" if failed_for_ns else ""
     summary = f"killed by {who} with {how} after {what}{during} (last: {lat}){context}"
-    if stall:
+    if starting_ns is not None:
+        summary += (
+            "; it was still starting: it had never answered its probe healthy in the "
+            f"{fmt_duration(starting_ns)} since it started"
+        )
+        advice = (
+            "killed while starting, not hung: its start-up (a model loading) outlasts the "
+            "probe's failure budget (failures x period); give it a startup probe (Kubernetes "
+            "startupProbe) or a longer initial delay, not more memory"
+        )
+    elif stall:
         advice = (
             f"the probe failed during {fmt_duration(stall)} of reclaim stalls: give the "
             "service memory headroom and raise the probe timeout; don't hide real "

@@ -103,7 +103,7 @@ class Decoder:
 
     @staticmethod
     def _signal(raw: bytes) -> Event:
-        (_, _, _, _, ts, pid, tgid, cg, comm, target, sig, code, result, group, _p, tcomm) = (
+        (_, _, _, _, ts, pid, tgid, cg, comm, target, sig, code, result, group, flags, tcomm) = (
             _SIGNAL.unpack_from(raw)
         )
         return Signal(
@@ -118,12 +118,14 @@ class Decoder:
             si_code=code,
             result=result,
             group=bool(group),
+            sender_exiting=bool(flags & layout.SIGF_SENDER_EXITING),
         )
 
     def _oom(self, raw: bytes) -> Event:
         (_, _, rung, _, ts, _pid, tgid, _cg, comm, victim, memcg, vcg, lcg, limit, usage, vcomm) = (
-            _OOM.unpack_from(raw)
-        )
+            fields := _OOM.unpack_from(raw)
+        )[:16]
+        constraint, flags = fields[16:]
         return OomKill(
             ts=ts,
             victim_pid=victim,
@@ -136,6 +138,8 @@ class Decoder:
             limit_bytes=limit * self.page_size,
             usage_bytes=usage * self.page_size,
             rung=layout.RUNG_NAMES.get(rung, str(rung)),
+            constraint=layout.OOM_CONSTRAINTS.get(constraint, ""),
+            exiting=bool(flags & layout.OOM_EXITING),
         )
 
     @staticmethod

@@ -20,6 +20,7 @@ import ctypes
 import mmap
 import os
 import signal
+import time
 from dataclasses import dataclass, field
 
 from tracer.bpf import layout
@@ -62,6 +63,13 @@ PEERS_MAP = "wr_gpu_peers"
 # Another recorder's hold older than this is ignored (that recorder is stuck or gone, and its
 # guard ends holds at this age anyway: tracer/gpu/holdguard.py MAX_HOLD_NS).
 PEER_STALE_NS = 2_000_000_000
+# A share whose holder is ending it (it has probed the file and is about to resume): the others
+# no longer wait for it, and a holder that dies right there leaves a leftover, not nothing.
+RESOLVING = 1 << 63
+# A share older than this is a leftover: every live holder's guard ends its holds at
+# PEER_STALE_NS (checking every 0.5 s), so its holder and its guard are gone (killed together,
+# or an OOM of their cgroup) and nobody else will resume the process.
+LEFTOVER_NS = 5_000_000_000
 
 
 class _U32Key(ctypes.Structure):
@@ -180,12 +188,18 @@ class GpuHooks:
             except BpfError as exc:
                 errors.append(exc.message)
         if self._hold_links:
-            self.hold_on.update(ctypes.c_uint32(0), ctypes.c_uint32(1))
+            self.heartbeat()
         return errors
+
+    def heartbeat(self) -> None:
+        """Say we are resuming holds (now): the kernel takes a hold only while this is fresh
+        (gpu.bpf.c WR_HEARTBEAT_STALE_NS), so a recorder that stops beating holds nobody."""
+        now = time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+        self.hold_on.update(ctypes.c_uint32(0), ctypes.c_uint64(now))
 
     def disable_holds(self) -> None:
         """No new hold from here on (the ones taken are still in ``held``)."""
-        self.hold_on.update(ctypes.c_uint32(0), ctypes.c_uint32(0))
+        self.hold_on.update(ctypes.c_uint32(0), ctypes.c_uint64(0))
         for link in self._hold_links:
             link.destroy()
         self._hold_links.clear()
@@ -200,13 +214,17 @@ class GpuHooks:
         return out
 
     def resume(self, pid: int, now_ns: int) -> bool:
-        """End this recorder's hold of ``pid``: forget its share of it, resume it (SIGCONT)
-        unless another recorder still holds it fresh (that one resumes it), then forget the
-        hold. True when it was resumed here. In that order, a death half-way leaves an entry
-        the guard resumes from, never a process nobody will resume."""
+        """End this recorder's hold of ``pid``: mark its share of it as ending (RESOLVING),
+        resume it (SIGCONT) unless another recorder still holds it fresh (that one resumes it),
+        then forget the share and the hold. True when it was resumed here. In that order a
+        death half-way leaves an entry the guard resumes from, or a share that
+        ``sweep_leftovers`` finds, never a process nobody will resume; and of two recorders
+        ending their holds at once, neither waits for the other."""
         me = layout.WrGpuPeerKey(tgid=pid, holder=self.config.holder)
+        since = ctypes.c_uint64()
         with contextlib.suppress(BpfError):
-            self.peers.delete(me)
+            if self.peers.lookup(me, since):
+                self.peers.update(me, ctypes.c_uint64(since.value | RESOLVING))
         if not self.held_by_others(pid, now_ns):
             with contextlib.suppress(OSError):  # gone already
                 os.kill(pid, signal.SIGCONT)
@@ -214,30 +232,68 @@ class GpuHooks:
         else:
             resumed = False
         with contextlib.suppress(BpfError):
+            self.peers.delete(me)
+        with contextlib.suppress(BpfError):
             self.held_map.delete(ctypes.c_uint32(pid))
         return resumed
 
-    def held_by_others(self, pid: int, now_ns: int) -> bool:
+    def _shares(self) -> list[tuple[layout.WrGpuPeerKey, int]]:
+        """Every recorder's shares of holds: (key, when it was taken | RESOLVING)."""
+        out: list[tuple[layout.WrGpuPeerKey, int]] = []
         try:
             keys = self.peers.keys(layout.WrGpuPeerKey)
         except BpfError:
-            return False
+            return out
         for key in keys:
             assert isinstance(key, layout.WrGpuPeerKey)
-            if key.tgid != pid or key.holder == self.config.holder:
-                continue
             since = ctypes.c_uint64()
-            if self.peers.lookup(key, since) and now_ns - since.value < PEER_STALE_NS:
+            if self.peers.lookup(key, since):
+                out.append((key, since.value))
+        return out
+
+    def held_by_others(self, pid: int, now_ns: int) -> bool:
+        for key, since in self._shares():
+            if key.tgid != pid or key.holder == self.config.holder or since & RESOLVING:
+                continue
+            if now_ns - since < PEER_STALE_NS:
                 return True
         return False
+
+    def sweep_leftovers(self, now_ns: int, proc: str = "/proc") -> list[int]:
+        """Resume the processes that a dead recorder's hold left stopped (its shares older than
+        LEFTOVER_NS), and forget those shares; the pids resumed. Only a stop that is ours: the
+        share says a hold of ours was taken at ``since`` and never ended, the process started
+        before it (not a reused pid), and it is still in a plain group stop (state T) with no
+        tracer. A debugger's stop (state t, TracerPid) or a stop of a process we never held is
+        left alone (``ours_stopped``)."""
+        resumed: list[int] = []
+        for key, since in self._shares():
+            if key.holder == self.config.holder:
+                continue
+            taken = since & ~RESOLVING
+            if now_ns - taken < LEFTOVER_NS:
+                continue
+            if ours_stopped(key.tgid, taken, proc):
+                with contextlib.suppress(OSError):
+                    os.kill(key.tgid, signal.SIGCONT)
+                    resumed.append(key.tgid)
+            with contextlib.suppress(BpfError):
+                self.peers.delete(key)
+        return resumed
 
     def mark_probed(self, dev: int, ino: int) -> None:
         """No more holds for this file (as the kernel names it: a hold's ``file``)."""
         self.probed_files.update(layout.WrGpuFile(dev=dev, ino=ino), ctypes.c_uint8(1))
 
-    def hold_counts_now(self) -> tuple[int, int]:
-        """(holds taken, holds that could not be taken) so far."""
-        return self.hold_counts.percpu_sum_u64(0), self.hold_counts.percpu_sum_u64(1)
+    def hold_counts_now(self) -> tuple[int, int, int, int]:
+        """(holds taken, holds that could not be taken, openers spared because our heartbeat
+        was stale, openers spared because they are traced) so far."""
+        return (
+            self.hold_counts.percpu_sum_u64(0),
+            self.hold_counts.percpu_sum_u64(1),
+            self.hold_counts.percpu_sum_u64(2),
+            self.hold_counts.percpu_sum_u64(3),
+        )
 
     # -- maps -------------------------------------------------------------------------------
 
@@ -273,6 +329,23 @@ class GpuHooks:
         for link in links:
             link.destroy()
         self.obj.close()
+
+
+def ours_stopped(pid: int, held_at_ns: int, proc: str = "/proc") -> bool:
+    """``pid`` is the process a hold taken at ``held_at_ns`` (CLOCK_BOOTTIME) stopped, and it
+    is still in that stop: a group stop (state T; a ptrace stop is t) with no tracer attached,
+    of a process that started before the hold (its pid not reused since)."""
+    try:
+        with open(f"{proc}/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        with open(f"{proc}/{pid}/status") as f:
+            tracer = next((ln.split()[1] for ln in f if ln.startswith("TracerPid:")), "0")
+    except (OSError, IndexError):
+        return False
+    # fields[0] is stat's 3rd field (state); starttime is the 22nd: clock ticks since boot,
+    # CLOCK_BOOTTIME like the hold's time
+    started_ns = int(fields[19]) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+    return fields[0] == "T" and tracer == "0" and started_ns <= held_at_ns
 
 
 def read_symbol_offsets(path: str, names: tuple[str, ...]) -> dict[str, int]:

@@ -28,6 +28,7 @@ from tracer.bpf.libbpf import (
 )
 from tracer.bpf.objects import default_object
 from tracer.errors import BpfError, KernelUnsupported
+from tracer.events import signal_name
 from tracer.sources import system
 
 # hook -> [(rung, programs)], best first; a rung is used only if all its programs attach.
@@ -153,6 +154,7 @@ class KernelHooks:
         self.watched_pids: Map = self.obj.map("watched_pids")
         self.watched_cgroups: Map = self.obj.map("watched_cgroups")
         self.lost: Map = self.obj.map("lost")
+        self.signals_unsent_map: Map = self.obj.map("signals_unsent")
         self.reclaim_stats: Map = self.obj.map("reclaim_stats")
         self.reclaim_max: Map = self.obj.map("reclaim_max")
         # (cgroup id, kind) -> (the totals last read, drains since they last changed)
@@ -351,6 +353,17 @@ class KernelHooks:
 
     def lost_count(self) -> int:
         return self.lost.percpu_sum_u64(0)
+
+    def signals_unsent(self) -> dict[str, int]:
+        """Signal name -> signals to watched processes the kernel counted instead of sending
+        (handled or ignored ones that can neither end a process nor explain its end; see
+        signals_unsent in the C file), running totals since load ("SIG0": out of range)."""
+        out: dict[str, int] = {}
+        for sig in range(layout.SIG_SLOTS):
+            n = self.signals_unsent_map.percpu_sum_u64(sig)
+            if n:
+                out[signal_name(sig)] = n
+        return out
 
     def drain_reclaim(self) -> list[tuple[int, int, layout.WrReclaimStats]]:
         """The stalls per (cgroup, kind) since the last call: [(cgroup id, kind, stats)].

@@ -16,10 +16,16 @@ FILENAME_LEN = 128
 
 EV_EXIT, EV_SIGNAL, EV_OOM, EV_FORK, EV_EXEC, EV_STALL, EV_CGROUP_MKDIR = 1, 2, 3, 4, 5, 6, 7
 CGROUP_PATH_LEN = 256
+SIGF_SENDER_EXITING = 1  # WR_SIGF_SENDER_EXITING: wr_signal.flags
+SIG_SLOTS = 65  # WR_SIG_SLOTS: signals_unsent's slots (signal numbers 1..64; 0: out of range)
 
 STALL_KINDS = {1: "memcg", 2: "direct", 3: "high"}
 
 RUNG_NAMES = {1: "fentry", 2: "kprobe", 3: "tp_btf", 4: "tracepoint"}
+
+# wr_oom.constraint (enum wr_oom_constraint): the kernel's oom_constraint, "" where not read
+OOM_CONSTRAINTS = {0: "", 1: "none", 2: "cpuset", 3: "mempolicy", 4: "memcg"}
+OOM_EXITING = 1  # wr_oom.flags: the victim was already exiting by itself (marked, not killed)
 
 u16, u32, s32, u64 = ctypes.c_uint16, ctypes.c_uint32, ctypes.c_int32, ctypes.c_uint64
 
@@ -50,7 +56,7 @@ class WrSignal(ctypes.Structure):
         ("si_code", s32),
         ("result", s32),
         ("group", u32),
-        ("_pad", u32),
+        ("flags", u32),
         ("target_comm", ctypes.c_char * COMM_LEN),
     ]
 
@@ -65,6 +71,8 @@ class WrOom(ctypes.Structure):
         ("limit_pages", u64),
         ("usage_pages", u64),
         ("victim_comm", ctypes.c_char * COMM_LEN),
+        ("constraint", u32),
+        ("flags", u32),
     ]
 
 

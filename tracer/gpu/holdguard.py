@@ -15,6 +15,14 @@ so no new hold can start.
   may still add one), then the guard exits.
 * Every ``CHECK_S`` it resumes the holds older than ``MAX_HOLD_NS`` (a recorder that is alive
   but stuck): a hold is bounded whatever happens to the recorder.
+* It outlives what kills the recorder's whole cgroup but SIGKILL: its oom_score_adj is -1000,
+  which memory.oom.group spares (mm/memcontrol.c ``oom_kill_memcg_member``; every container on
+  cgroup v2 under Kubernetes >= 1.28) and a single OOM kill never picks; and it ignores
+  SIGTERM, SIGINT and SIGHUP (``systemctl stop`` sends SIGTERM to the whole unit; a recorder
+  that then hangs past TimeoutStopSec is SIGKILLed and the guard is what resumes its holds;
+  systemd's final SIGKILL ends the guard after that). Where both die by SIGKILL, the kernel
+  takes no new hold (the heartbeat, bpf/gpu.bpf.c) and the next recorder resumes what was left
+  (``tracer.bpf.gpuhooks.GpuHooks.sweep_leftovers``).
 
 Run as ``python -I -S holdguard.py MAP_FD PIPE_FD PEERS_FD HOLDER [MAX_HOLD_NS]`` (PEERS_FD: the
 map of every recorder's holds, HOLDER: the recorder's pid): standard library only, and no import
@@ -37,7 +45,11 @@ CHECK_S = 0.5
 AFTER_EOF_S = (0.0, 0.05, 0.2, 1.0)
 
 _SYS_BPF = {"x86_64": 321, "aarch64": 280}
-_BPF_MAP_LOOKUP_ELEM, _BPF_MAP_DELETE_ELEM, _BPF_MAP_GET_NEXT_KEY = 1, 3, 4
+_BPF_MAP_LOOKUP_ELEM, _BPF_MAP_UPDATE_ELEM, _BPF_MAP_DELETE_ELEM, _BPF_MAP_GET_NEXT_KEY = 1, 2, 3, 4
+# a share being ended (tracer.bpf.gpuhooks.RESOLVING): the others do not wait for it
+RESOLVING = 1 << 63
+# OOM_SCORE_ADJ_MIN: never an OOM victim, not even of memory.oom.group
+OOM_SCORE_ADJ_MIN = -1000
 
 
 class _Attr(ctypes.Structure):
@@ -110,6 +122,7 @@ def held_by_others(peers_fd: int, pid: int, holder: int, now: int) -> bool:
             nxt.tgid == pid
             and nxt.holder != holder
             and _bpf(_BPF_MAP_LOOKUP_ELEM, peers_fd, ctypes.addressof(nxt), ctypes.addressof(since))
+            and not since.value & RESOLVING
             and now - since.value < MAX_HOLD_NS
         ):
             return True
@@ -127,11 +140,14 @@ class Guard:
         """The recorder's order (tracer.bpf.gpuhooks.GpuHooks.resume): forget its share, resume
         unless another recorder still holds it (``force``: past the bound, resume anyway),
         then forget the hold."""
-        me = _PeerKey(tgid=pid, holder=self.holder)
-        _bpf(_BPF_MAP_DELETE_ELEM, self.peers_fd, ctypes.addressof(me), 0)
+        me, since = _PeerKey(tgid=pid, holder=self.holder), ctypes.c_uint64()
+        if _bpf(_BPF_MAP_LOOKUP_ELEM, self.peers_fd, ctypes.addressof(me), ctypes.addressof(since)):
+            since.value |= RESOLVING
+            _bpf(_BPF_MAP_UPDATE_ELEM, self.peers_fd, ctypes.addressof(me), ctypes.addressof(since))
         if force or not held_by_others(self.peers_fd, pid, self.holder, now):
             with contextlib.suppress(OSError):  # gone already
                 os.kill(pid, signal.SIGCONT)
+        _bpf(_BPF_MAP_DELETE_ELEM, self.peers_fd, ctypes.addressof(me), 0)
         key = ctypes.c_uint32(pid)
         _bpf(_BPF_MAP_DELETE_ELEM, self.map_fd, ctypes.addressof(key), 0)
 
@@ -140,9 +156,18 @@ def _now() -> int:
     return time.clock_gettime_ns(time.CLOCK_BOOTTIME)
 
 
-def run(guard: Guard, pipe_fd: int, max_hold_ns: int = MAX_HOLD_NS) -> None:
-    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGPIPE):
+def outlive_the_recorder() -> None:
+    """Survive what ends the recorder's cgroup but SIGKILL (see the module docstring)."""
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE):
         signal.signal(sig, signal.SIG_IGN)
+    # the recorder runs as root (CAP_SYS_RESOURCE); where it cannot be lowered, the guard runs
+    # on as it would have before
+    with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as f:
+        f.write(str(OOM_SCORE_ADJ_MIN))
+
+
+def run(guard: Guard, pipe_fd: int, max_hold_ns: int = MAX_HOLD_NS) -> None:
+    outlive_the_recorder()
     while True:
         ready, _, _ = select.select([pipe_fd], [], [], CHECK_S)
         if ready:
@@ -159,10 +184,21 @@ def run(guard: Guard, pipe_fd: int, max_hold_ns: int = MAX_HOLD_NS) -> None:
             guard.resume(pid, _now(), force=False)
 
 
+# The descriptor on which the guard says it is ready (signals ignored, oom_score_adj set), when
+# the recorder passes one: it lets the kernel hold only after that.
+READY_FD_ENV = "WHYRESTART_GUARD_READY_FD"
+
+
 if __name__ == "__main__":
     # Not the recorder's child: it would be one more process for whoever looks at the
     # recorder's children, and a zombie the recorder must reap. The parent exits at once.
     if os.fork() != 0:
         os._exit(0)
     map_fd, pipe_fd, peers_fd, holder = (int(a) for a in sys.argv[1:5])
+    outlive_the_recorder()
+    ready = os.environ.get(READY_FD_ENV)
+    if ready:
+        with contextlib.suppress(OSError):
+            os.write(int(ready), b"1")
+            os.close(int(ready))
     run(Guard(map_fd, peers_fd, holder), pipe_fd, *(int(a) for a in sys.argv[5:6]))

@@ -89,3 +89,13 @@ def host_libraries() -> list[str]:
             seen.add((st.st_dev, st.st_ino))
             out.append(real)
     return out
+
+
+def file_key(st: os.stat_result) -> tuple[int, int, int]:
+    """One driver library file, however it is reached: the same key through every container's
+    overlay mount of an image, through the host path, /proc/PID/fd or /proc/PID/map_files.
+    Neither st_dev (each overlay mount has its own; /proc/PID/maps shows it too since 6.8) nor
+    the path can say that; the real inode's number can (overlayfs reports it where the layers
+    share a file system, as gpu.bpf.c's hold key assumes), with the size and modification time
+    so that files of two file systems that happen to share a number stay apart."""
+    return (st.st_ino, st.st_size, st.st_mtime_ns)

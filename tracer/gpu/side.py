@@ -28,6 +28,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import os
+import select
 import subprocess
 import sys
 from collections import deque
@@ -70,6 +71,12 @@ MAX_RESCANS_PER_ROUND = 256
 # it: a node's hundred long-running non-GPU servers are not read every second (a large
 # process's maps take ~1 ms), and an unprobed libcuda opened between looks is still held by
 # the kernel until it is probed (``hold``).
+# How often the loop tells the kernel it still resumes holds (gpu.bpf.c takes none once the
+# heartbeat is 2 s old): a bpf(2) call per 250 ms, not one per loop.
+HEARTBEAT_NS = 250_000_000
+# The guard starts in ~30 ms (python -I -S, the standard library only); a loaded host may take
+# much longer, and a recorder without holds still records.
+GUARD_READY_S = 5.0
 
 
 class GpuSide:
@@ -117,8 +124,9 @@ class GpuSide:
             holder=int.from_bytes(os.urandom(4), "little") | 1,
         )
         self._open_hooks(config, object_path, hold)
-        # (st_dev, inode) of each driver library file -> what probing it gave
-        self._libraries: dict[tuple[int, int], AttachedLibrary] = {}
+        # each driver library file (libcuda.file_key: one per real file, however many
+        # containers' overlays show it) -> what probing it gave
+        self._libraries: dict[tuple[int, int, int], AttachedLibrary] = {}
         self._host: dict[str, str] = {}
         if self.hooks is not None and attach_host:
             for path in libcuda.host_libraries():
@@ -132,8 +140,12 @@ class GpuSide:
         self.hold_total_ns = 0
         self.final_holds: dict[str, Any] | None = None  # hold_summary() at close
         self._held_events: list[Event] = []  # from resume_held, for the next poll
+        self._beat_ns = 0
+        self.leftovers_resumed = 0  # processes a dead recorder's holds left stopped
+        self._pid_ns_problem = system.pid_namespace_problem()
         if self.hooks is not None and hold:
             self._start_holding()
+        self._sweep()
         library = nvml_library or os.environ.get("WHYRESTART_NVML_LIBRARY") or None
         self.nvml: GpuSampler = open_nvml(nvml_interval_s, library, clock)
         self.nvml.set_pids(None if filter_all else frozenset())
@@ -235,6 +247,12 @@ class GpuSide:
             "pid_filter": "shared" if "watched_pids" in self.shared else "own",
             # holds of one process by several recorders wait for each other (bpffs map)
             "hold_peers": "shared" if self.hooks is not None and self.hooks.peers_shared else "own",
+            # whether the guard outlives an OOM kill of this recorder's cgroup (oom.group)
+            "hold_guard": (
+                "spared by OOM kills"
+                if system.has_capability(system.CAP_SYS_RESOURCE)
+                else "not spared by OOM kills (no CAP_SYS_RESOURCE)"
+            ),
         }
         out.update(self.nvml.describe())
         return out
@@ -312,6 +330,7 @@ class GpuSide:
         if not final:
             if now_ns >= self._next_scan:
                 self._next_scan = now_ns + SCAN_INTERVAL_NS
+                self._sweep()
                 self._second_looks(now_ns)
                 if self._pids_dirty and not self.filter_all:
                     self.nvml.set_pids(frozenset(self._watched))
@@ -321,11 +340,26 @@ class GpuSide:
 
     # -- holds ------------------------------------------------------------------------------
 
+    def _sweep(self) -> None:
+        """Resume what the holds of a recorder that died with its guard left stopped (at start,
+        then every second: a recorder restarted at once finds them younger than the bound)."""
+        if self.hooks is None or not self.hooks.peers_shared or self._pid_ns_problem:
+            return
+        self.leftovers_resumed += len(self.hooks.sweep_leftovers(boottime_ns(), self.proc))
+
     def _start_holding(self) -> None:
         """Start the guard, then let the kernel hold: never a hold nobody can end."""
         assert self.hooks is not None
+        if self._pid_ns_problem:
+            # our SIGCONT would name another process: a hold here would be for good
+            self.hold_error = f"{self._pid_ns_problem} (fix: {system.PID_NS_FIX})"
+            self.warnings.append(
+                f"processes that load libcuda from an unprobed path are not held: {self.hold_error}"
+            )
+            return
         map_fd, peers_fd = self.hooks.held_map.fd, self.hooks.peers.fd
         r, w = os.pipe()  # both ends close on exec: only the guard gets the read end
+        ready_r, ready_w = os.pipe()  # the guard writes a byte once it is ready
         try:
             self._guard = subprocess.Popen(
                 [
@@ -338,7 +372,8 @@ class GpuSide:
                     str(peers_fd),
                     str(self.hooks.config.holder),
                 ],
-                pass_fds=(map_fd, r, peers_fd),
+                pass_fds=(map_fd, r, peers_fd, ready_w),
+                env={**os.environ, holdguard.READY_FD_ENV: str(ready_w)},
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
@@ -346,6 +381,7 @@ class GpuSide:
             )
         except OSError as exc:
             os.close(w)
+            os.close(ready_r)
             self.hold_error = f"starting the hold guard: {exc.strerror}"
             self.warnings.append(
                 f"processes that load libcuda from an unprobed path are not held: "
@@ -354,7 +390,28 @@ class GpuSide:
             return
         finally:
             os.close(r)
+            os.close(ready_w)
         self._guard_pipe = w
+        # no hold before the guard outlives what a unit stop or an OOM group kill sends
+        ready, _, _ = select.select([ready_r], [], [], GUARD_READY_S)
+        started = bool(ready) and os.read(ready_r, 1) == b"1"
+        os.close(ready_r)
+        if not started:
+            self.hold_error = f"the hold guard did not start within {GUARD_READY_S:g} s"
+            self._stop_guard()
+            self.warnings.append(
+                "processes that load libcuda from an unprobed path are not held "
+                f"({self.hold_error}): their first driver calls may be missed"
+            )
+            return
+        if not system.has_capability(system.CAP_SYS_RESOURCE):
+            # the guard cannot set oom_score_adj -1000 (tracer/gpu/holdguard.py)
+            self.warnings.append(
+                "the hold guard is not spared by OOM kills (no CAP_SYS_RESOURCE): an OOM of "
+                "this recorder's cgroup under memory.oom.group kills it too, and what it held "
+                "is resumed only by the next recorder, about 5 s later "
+                "(fix: grant CAP_SYS_RESOURCE)"
+            )
         errors = self.hooks.enable_holds()
         if errors and len(errors) == 3:
             self.hold_error = "; ".join(errors)
@@ -375,6 +432,11 @@ class GpuSide:
         hold: the guard resumes whatever is left if we die in between)."""
         assert self.hooks is not None
         out: list[Event] = []
+        beat = boottime_ns()
+        if beat - self._beat_ns >= HEARTBEAT_NS:
+            with contextlib.suppress(WhyrestartError):
+                self.hooks.heartbeat()
+                self._beat_ns = beat
         try:
             held = self.hooks.held()
         except WhyrestartError:
@@ -415,13 +477,17 @@ class GpuSide:
 
     def hold_summary(self) -> dict[str, Any]:
         """What holding cost and missed, for the trace footer."""
-        taken = refused = 0
+        taken = refused = stale = traced = 0
         if self.hooks is not None:
             with contextlib.suppress(WhyrestartError):
-                taken, refused = self.hooks.hold_counts_now()
+                taken, refused, stale, traced = self.hooks.hold_counts_now()
         return {
             "taken": taken,
             "not_taken": refused,
+            # openers not held: this recorder's loop had not beaten for 2 s; or ptraced
+            "spared_stale": stale,
+            "spared_traced": traced,
+            "leftovers_resumed": self.leftovers_resumed,
             "resumed_by_recorder": self.holds_resumed,
             "max_ms": round(self.hold_max_ns / 1e6, 3),
             "mean_ms": round(self.hold_total_ns / 1e6 / self.holds_resumed, 3)
@@ -494,27 +560,23 @@ class GpuSide:
         return out
 
     def _attach_mapping(self, pid: int, m: libcuda.Mapping) -> AttachedLibrary:
-        known = self._libraries.get(m.key)
-        if known is not None:
-            return known
         if self.hooks is None:
-            res = AttachedLibrary(m.path, errors=[f"uprobes unavailable: {self.hooks_error}"])
-        else:
-            path = libcuda.attach_path(pid, m, self.proc)
-            if path is None:
-                # gone before we looked: the next process mapping this file tries again
-                return AttachedLibrary(m.path, errors=["the process exited before probing"])
-            res = self.hooks.attach_library(path, m.path)
-        self._libraries[m.key] = res
-        return res
+            return AttachedLibrary(m.path, errors=[f"uprobes unavailable: {self.hooks_error}"])
+        path = libcuda.attach_path(pid, m, self.proc)
+        if path is None:
+            # gone before we looked: the next process mapping this file tries again
+            return AttachedLibrary(m.path, errors=["the process exited before probing"])
+        # the same key as a hold's (_attach_file_once): a file probed on either path is
+        # probed once
+        return self._attach_file_once(path, m.path)
 
     def _attach_file_once(self, path: str, shown_as: str) -> AttachedLibrary:
-        """Probe a library file by path, once per file (by st_dev and inode)."""
+        """Probe a library file by path, once per real file (``libcuda.file_key``)."""
         try:
             st = os.stat(path)
         except OSError as exc:
             return AttachedLibrary(shown_as, errors=[f"{shown_as}: {exc.strerror}"], opened=False)
-        key = (st.st_dev, st.st_ino)
+        key = libcuda.file_key(st)
         res = self._libraries.get(key)
         if res is None:
             assert self.hooks is not None

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from tracer import __version__, safetext
 from tracer.analysis.analyzer import Verdict
 from tracer.analysis.quantities import STALL_KINDS, fmt_bytes, fmt_duration, fmt_offset
-from tracer.analysis.wording import memory_at_kill
+from tracer.analysis.wording import lost_records, memory_at_kill
 from tracer.clock import wall_time
 from tracer.errors import OutputError, WhyrestartError
 from tracer.outputs.timeline import (
@@ -909,7 +909,7 @@ def render_html(t: Timeline, source: str) -> str:
     if t.footer is not None:
         warnings += list(t.footer.warnings)
         if t.footer.lost:
-            warnings.append(f"{t.footer.lost} events were lost (ring buffer full)")
+            warnings.append(lost_records(t.footer.lost))
     else:
         warnings.append("the recording did not finish (no footer): the end of the trace is cut")
     for w in warnings:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from tracer.analysis.analyzer import Analyzer, Verdict
 from tracer.analysis.eta import Eta
 from tracer.analysis.quantities import fmt_bytes, fmt_duration
+from tracer.analysis.wording import lost_records, stall_kind
 from tracer.events import (
     CgroupSample,
     EffectiveLimit,
@@ -45,8 +46,6 @@ USAGE_REARM = 0.85
 PSI_SOME_WARN = 10.0  # avg10 %, "some": at least one task stalled on memory
 PSI_FULL_WARN = 5.0  # "full": all non-idle tasks stalled at once
 ETA_REPEAT_S = 20.0  # a time-to-limit warning is shown again at half the time, down to this
-
-KIND_WORDS = {"memcg": "reclaim", "direct": "host direct reclaim", "high": "memory.high throttle"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +146,7 @@ class PressureFeed:
         elif isinstance(ev, HostSample):
             out.extend(self._psi(ev.ts, 0, ev.psi_some_avg10, ev.psi_full_avg10))
         elif isinstance(ev, Lost):
-            out.append(TailLine(ev.ts, WARN, f"LOST    {ev.count} events (ring buffer full)"))
+            out.append(TailLine(ev.ts, WARN, f"LOST    {lost_records(ev.count)}"))
         return out
 
     def flush(self, ts: int) -> list[TailLine]:
@@ -185,7 +184,7 @@ class PressureFeed:
                 WARN,
                 f"stall   pid {ev.pid} ({ev.comm}) "
                 f"{ev.duration_ns / 1e6:.0f} ms in "
-                f"{KIND_WORDS.get(ev.kind, ev.kind)} of "
+                f"{stall_kind(ev.kind)} of "
                 f"{self._name(ev.cgroup_id)}",
             )
         ]
@@ -226,7 +225,7 @@ class PressureFeed:
                     TailLine(
                         ts,
                         WARN,
-                        f"storm   {w.count} {KIND_WORDS.get(kind, kind)} "
+                        f"storm   {w.count} {stall_kind(kind)} "
                         f"stalls, {fmt_duration(w.total_ns)} total, in "
                         f"{self._name(cgroup_id)} over {span / 1e9:.1f} s",
                     )

@@ -13,7 +13,7 @@ from tracer import safetext
 from tracer.analysis import gpu as gpu_rules
 from tracer.analysis.analyzer import Restart, Verdict, describe_status
 from tracer.analysis.quantities import fmt_bytes, fmt_offset
-from tracer.analysis.wording import memory_at_kill
+from tracer.analysis.wording import lost_records, memory_at_kill, stall_kind
 from tracer.clock import wall_time
 from tracer.events import (
     SI_KERNEL,
@@ -89,11 +89,7 @@ def describe(ev: Event, cgroup_path: Callable[[int], str | None]) -> str | None:
         where = cgroup_path(ev.cgroup_id) or (
             "the host" if not ev.cgroup_id else f"cgroup id {ev.cgroup_id}"
         )
-        what = {
-            "memcg": "reclaim",
-            "direct": "host direct reclaim",
-            "high": "memory.high throttling",
-        }.get(ev.kind, ev.kind)
+        what = stall_kind(ev.kind)
         freed = f", reclaimed {fmt_bytes(ev.reclaimed_bytes)}" if ev.reclaimed_bytes else ""
         return (
             f"stall   pid {ev.pid} ({ev.comm}) stalled {ev.duration_ns / 1e6:.1f} ms in "
@@ -115,7 +111,7 @@ def describe(ev: Event, cgroup_path: Callable[[int], str | None]) -> str | None:
     if isinstance(ev, Exec):
         return f"exec    pid {ev.pid} runs {ev.filename}"
     if isinstance(ev, Lost):
-        return f"LOST    {ev.count} events the kernel could not hand over (ring buffer full)"
+        return f"LOST    {lost_records(ev.count)}"
     if isinstance(ev, ProbeSample):
         state = "timed out" if ev.timed_out else "ok" if ev.ok else f"failed ({ev.error})"
         return f"probe   {ev.target} {ev.unit}: {ev.latency_ns / 1e6:.0f} ms, {state}".replace(

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from tracer.analysis.analyzer import Analyzer, Restart, Verdict, describe_status
 from tracer.analysis.quantities import fmt_bytes
+from tracer.analysis.wording import lost_records
 from tracer.events import (
     SI_KERNEL,
     CgroupInfo,
@@ -53,6 +54,7 @@ from tracer.events import (
     Signal,
     signal_name,
 )
+from tracer.parse import cgpath
 from tracer.trace.format import TraceFooter, TraceHeader
 from tracer.trace.reader import TraceReader
 
@@ -161,6 +163,16 @@ class LimitLine:
         return f"{what} {self.path}: {fmt_bytes(vals[0])}..{fmt_bytes(vals[-1])}"
 
 
+def _value_at(line: LimitLine, t: int) -> int | None:
+    """The limit ``line`` set at time ``t`` (None: none yet, or none from then on)."""
+    value = None
+    for ts, v in line.points:
+        if ts > t:
+            break
+        value = v
+    return value
+
+
 @dataclass
 class EffectiveLine:
     """The strictest limit over one cgroup and its ancestors, over time."""
@@ -203,7 +215,7 @@ class UnitTimeline:
         return [
             c
             for c in self.cgroups
-            if not any(o is not c and is_ancestor(c.path, o.path) for o in self.cgroups)
+            if not any(o is not c and cgpath.is_ancestor(c.path, o.path) for o in self.cgroups)
         ]
 
 
@@ -245,13 +257,6 @@ class Timeline:
         before it existed; the chart's band must not start before it)."""
         start = max(s.ts - s.interval_ns, self.cgroup_first_ns.get(s.cgroup_id, 0))
         return min(start, s.ts), s.ts
-
-
-def is_ancestor(a: str, b: str) -> bool:
-    """Is cgroup path ``a`` a proper ancestor of ``b``?"""
-    if a == b:
-        return False
-    return a == "/" or b.startswith(a.rstrip("/") + "/")
 
 
 def thin(points: list[tuple[int, float]], max_points: int) -> list[tuple[int, float]]:
@@ -399,7 +404,7 @@ class _Builder:
             )
         elif isinstance(ev, Lost):
             self.host.markers.append(
-                Marker(ev.ts, LOST, f"lost {ev.count}", f"{ev.count} events lost (ring full)")
+                Marker(ev.ts, LOST, f"lost {ev.count}", lost_records(ev.count))
             )
 
     # -- grouping ------------------------------------------------------------------------------
@@ -495,7 +500,7 @@ class _Builder:
             if cg.cgroup_id in held or not cg.sampled or cg.path == "/":
                 continue
             below = any(
-                is_ancestor(cg.path, o.path) and (o.sampled or o.cgroup_id in held)
+                cgpath.is_ancestor(cg.path, o.path) and (o.sampled or o.cgroup_id in held)
                 for o in self.cgroups.values()
             )
             if below:
@@ -526,7 +531,7 @@ class _Builder:
         for c in u.cgroups:
             chain[c.path] = c
             for other in self.cgroups.values():
-                if is_ancestor(other.path, c.path):
+                if cgpath.is_ancestor(other.path, c.path):
                     chain.setdefault(other.path, other)
         for path in sorted(chain, key=lambda p: (-p.count("/"), p)):
             cg = chain[path]
@@ -556,21 +561,13 @@ class _Builder:
         lines = [
             ln
             for ln in limits
-            if ln.kind == "max" and (ln.path == leaf.path or is_ancestor(ln.path, leaf.path))
+            if ln.kind == "max" and (ln.path == leaf.path or cgpath.is_ancestor(ln.path, leaf.path))
         ]
         times = sorted({ts for ln in lines for ts, _ in ln.points})
         out: list[tuple[int, int | None, str | None]] = []
         for t in times:
-            best: tuple[int, str] | None = None
-            for ln in lines:
-                value = None
-                for ts, v in ln.points:
-                    if ts > t:
-                        break
-                    value = v
-                if value is not None and (best is None or value < best[0]):
-                    best = (value, ln.path)
-            out.append((t, best[0] if best else None, best[1] if best else None))
+            limit, where = cgpath.effective_limit((ln.path, _value_at(ln, t)) for ln in lines)
+            out.append((t, limit, where))
         return out
 
     def _assign_events(
@@ -737,7 +734,6 @@ __all__ = [
     "Timeline",
     "UnitTimeline",
     "build",
-    "is_ancestor",
     "load",
     "thin",
 ]

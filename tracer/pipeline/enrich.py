@@ -35,6 +35,7 @@ from tracer.events import (
     Signal,
     cgroup_ids,
 )
+from tracer.parse import cgpath
 
 if TYPE_CHECKING:
     from tracer.bpf import hooks
@@ -139,10 +140,7 @@ class WatchSet:
     def wants_kmsg(self, k: KmsgOom) -> bool:
         if self.every or k.victim_pid in self.known_pids:
             return True
-        return any(
-            k.task_memcg == p or k.task_memcg.startswith(p.rstrip("/") + "/")
-            for p in self.cgroup_paths
-        )
+        return any(cgpath.is_within(k.task_memcg, p) for p in self.cgroup_paths)
 
 
 class Follow:

@@ -20,6 +20,7 @@ to the kernel's watched set. It owns:
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -38,6 +39,7 @@ from tracer.events import (
 )
 from tracer.runtimes import RestartCountPoller, Runtime, probe
 from tracer.runtimes.base import ContainerInfo
+from tracer.runtimes.cri import CriRuntime
 from tracer.sources.probes import Prober, ProbeSpec
 
 
@@ -70,6 +72,7 @@ class Follower:
         runtimes: list[Runtime] | None = None,
         units: Sequence[str] = (),
         id_now: Callable[[str], int | None] | None = None,
+        cri_endpoint: str | None = None,
     ) -> None:
         """``id_now``: the id of the cgroup at a path now (``CgroupResolver.id_now``), to
         check that a runtime's answer still describes the cgroup being named."""
@@ -78,6 +81,7 @@ class Follower:
         # asking which runtimes answer costs a podman call or two: only when a container
         # is targeted or seen
         self._runtimes = runtimes
+        self._cri_endpoint = cri_endpoint
         self.followed: list[Followed] = []
         self._named: dict[int, UnitInfo | None] = {}
         # (runtime index or "main", container id) -> what it answered
@@ -87,7 +91,9 @@ class Follower:
         # cgroup id -> (label, runtime, container id): containers named, not yet polled
         self.unpolled: dict[int, tuple[str, Runtime, str]] = {}
         self.poller = RestartCountPoller(interval_s=1.0)
-        self._polled: set[str] = set()
+        # label -> the container polled for it (a Kubernetes restart is a new container under
+        # the same label: the newest one is polled, its count the kubelet's attempt)
+        self._polled: dict[str, str] = {}
         self.probers: list[Prober] = []
         self._probe_specs: list[ProbeSpec] = []
         for name in containers:
@@ -103,7 +109,7 @@ class Follower:
     @property
     def runtimes(self) -> list[Runtime]:
         if self._runtimes is None:
-            self._runtimes, self._unavailable = probe()
+            self._runtimes, self._unavailable = probe(cri_endpoint=self._cri_endpoint)
         return self._runtimes
 
     def _why_not(self) -> list[str]:
@@ -159,7 +165,7 @@ class Follower:
     def start(self) -> None:
         for f in self.followed:
             self.poller.watch(f.label, f.runtime, f.info.id)
-            self._polled.add(f.label)
+            self._polled[f.label] = f.info.id
         self.poller.start()
         for p in self.probers:
             p.start()
@@ -184,8 +190,16 @@ class Follower:
         return out
 
     def initial_cgroups(self) -> list[str]:
-        """Cgroup paths to watch from the start (followed containers that are running)."""
-        return [f.info.cgroup_path for f in self.followed if f.info.cgroup_path]
+        """Cgroup paths to watch from the start (followed containers that are running; a
+        Kubernetes container's pod: the kubelet restarts it as a new container whose cgroup,
+        named by the new id, the kernel cannot be told ahead, and whose first exec follows the
+        mkdir too closely to be watched after it; its pod's cgroup holds every attempt)."""
+        out = [f.info.cgroup_path for f in self.followed if f.info.cgroup_path]
+        for f in self.followed:
+            where = f.info.cgroup_when_started
+            if isinstance(f.runtime, CriRuntime) and where and posixpath.dirname(where) != "/":
+                out.append(posixpath.dirname(where))
+        return out
 
     @property
     def following(self) -> bool:
@@ -239,13 +253,13 @@ class Follower:
                 main_pid=main,
             )
             label = unit_names.from_info(kind, unit.key, name, pod).label
-            if found is not None and label not in self._polled:
+            if found is not None and self._polled.get(label) != found.id:
                 rt = self._answered_by.get(found.id)
                 if rt is not None and created:
                     self.unpolled[cgroup_id] = (label, rt, found.id)
                 elif rt is not None:
                     self.poller.watch(label, rt, found.id)
-                    self._polled.add(label)
+                    self._polled[label] = found.id
         elif unit is not None and unit.kind == "systemd":
             info = UnitInfo(
                 ts=ts, cgroup_id=cgroup_id, kind="systemd", unit_id=unit.key, name=unit.key, pod=""
@@ -262,9 +276,9 @@ class Follower:
     def running_in(self, cgroup_id: int) -> None:
         """A process event in a cgroup ``name`` saw only being created: poll its restarts."""
         label, rt, container_id = self.unpolled.pop(cgroup_id)
-        if label not in self._polled:
+        if self._polled.get(label) != container_id:
             self.poller.watch(label, rt, container_id)
-            self._polled.add(label)
+            self._polled[label] = container_id
 
     def _fresh(self, found: ContainerInfo) -> bool:
         key = ("main", found.id)
@@ -317,6 +331,10 @@ class Follower:
                     # a process of a followed unit ended: systemd's record of it (Result=oom-kill,
                     # its exit status) is read now, while the verdict on it is still open
                     self.poller.poll_soon()
+                elif any(ev.pid == f.main_pid for f in self.followed):
+                    # a followed container's main process ended: the runtime's record of it
+                    # (CRI's exit code and reason, Docker's OOMKilled), the same
+                    self.poller.poll_soon()
                 for f in self.followed:
                     start = f.checks.pop(ev.pid, None)
                     f.members.discard(ev.pid)
@@ -353,7 +371,11 @@ class Follower:
         found = self._lookup(unit.key)  # a new id: the same container by name (docker, k8s)
         if found is None:
             return None
-        return next((f for f in self.followed if f.info.name == found.name), None)
+        # (a Kubernetes container's name is its pod's: "hog" of another pod is not ours)
+        return next(
+            (f for f in self.followed if (f.info.name, _pod(f.info)) == (found.name, _pod(found))),
+            None,
+        )
 
     def _owner_of_cgroup(self, cgroup_id: int) -> Followed | None:
         for f in self.followed:

@@ -77,6 +77,8 @@ class Targets:
     # a supervisor's kill after this many failed probes in a row is a probe kill (the analysis
     # reads it from the header: a replay judges alike)
     probe_failures: int = 3
+    # a Kubernetes node's CRI socket (--runtime-endpoint); None: tracer.runtimes.cri's default
+    runtime_endpoint: str | None = None
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -140,6 +142,9 @@ def preflight() -> None:
     too_old = system.kernel_too_old(system.kernel_release())
     if too_old:
         raise KernelUnsupported(too_old, system.KERNEL_FIX)
+    pid_ns = system.pid_namespace_problem()
+    if pid_ns:
+        raise UsageError(pid_ns, system.PID_NS_FIX)
     if not os.path.exists(system.BTF_PATH):
         raise KernelUnsupported(
             f"this kernel has no BTF ({system.BTF_PATH} is missing)",
@@ -192,7 +197,11 @@ class Recorder:
     command exits, the duration passes or a signal arrives, then drained and closed.
 
     ``sources``: more sources to run beside the recorder's own (repro's liveness prober);
-    ``sinks``: more sinks to hand the ordered events to (after the trace and the analyzer).
+    ``sinks``: more sinks to hand the ordered events to (after the trace and the analyzer);
+    ``on_ready``: called once, from the recording's thread, when the hooks are attached and
+    every source and sink is in place, so that a record the kernel makes from then on is
+    judged (the agent's readiness: its ready line, /readyz, sd_notify; tests wait on it
+    rather than on sleeps). Before the command starts; not called if the set-up fails.
 
     Large on purpose (over 400 lines): it owns a recording's lifecycle end to end (checking
     the targets, starting the command, assembling the pipeline, the loop, the header and
@@ -218,7 +227,9 @@ class Recorder:
         agent_filter: bool = False,
         poll_ms: int = POLL_MS,
         idle_poll_ms: int | None = None,
+        on_ready: Callable[[], None] | None = None,
     ) -> None:
+        self.on_ready = on_ready
         self.overwrite = overwrite
         # SIGHUP: with ``reload`` (the agent), call it from the loop instead of stopping
         self.reload = reload
@@ -307,6 +318,7 @@ class Recorder:
             resolver.path_of,
             units=self.targets.units,
             id_now=resolver.id_now,
+            cri_endpoint=self.targets.runtime_endpoint,
         )
         for path in self.follower.initial_cgroups():
             self.targets.cgroups.append(path)
@@ -473,6 +485,10 @@ class Recorder:
         started = time.monotonic()
         try:
             try:
+                # (the ring keeps what the kernel sends from the attach on, and the loop's
+                # first step reads it: ready now, not after a first step)
+                if self.on_ready is not None:
+                    self.on_ready()
                 if self.targets.command:
                     child = self._start_command(watch, gpu)
                 self._loop(pipeline, child, watch, writer, counters, started)
@@ -554,7 +570,11 @@ class Recorder:
             warnings=[*warnings, reason] if failed else warnings,
             exit=reason,
             # what holding processes for the GPU probes cost and missed (tracer/gpu/side.py)
-            extra={"gpu_holds": gpu.final_holds} if gpu.final_holds is not None else {},
+            extra={
+                **({"gpu_holds": gpu.final_holds} if gpu.final_holds is not None else {}),
+                # handled and ignored signals counted in the kernel instead of sent
+                "signals_unsent": counters.signals_unsent(),
+            },
         )
 
     def _loop(

@@ -173,6 +173,11 @@ class KernelCounters(_Quiet):
     def stop(self) -> None:
         self._final = True  # the last aggregates, whenever the last poll comes
 
+    def signals_unsent(self) -> dict[str, int]:
+        """Signal name -> signals to watched processes the kernel counted and did not send
+        (handled or ignored, so they could neither end a process nor explain its end)."""
+        return self.kernel.signals_unsent()
+
     def _reclaim_summaries(self, now_ns: int) -> list[Event]:
         interval = now_ns - self._last_drain_ns
         self._last_drain_ns = now_ns

@@ -38,6 +38,7 @@ from tracer.events import (
     RuntimeSample,
     UnitInfo,
 )
+from tracer.parse import cgpath
 from tracer.parse.kmsg import KmsgRecord, OomAssembler
 from tracer.runtimes.base import ContainerInfo
 
@@ -132,7 +133,7 @@ class Target:
             return unit == self.label or any(_names(unit, i) for i in self.ids)
         if self.kind == "pod":
             return unit.startswith(f"pod {self.spec} ") or any(_names(limit, i) for i in self.ids)
-        return any(limit == p or limit.startswith(p.rstrip("/") + "/") for p in self.paths)
+        return any(cgpath.is_within(limit, p) for p in self.paths)
 
     def matches(self, oom: KmsgOom) -> bool:
         if self.kind == "all":
@@ -142,7 +143,7 @@ class Target:
         for path in (oom.task_memcg, oom.oom_memcg if not oom.task_memcg else ""):
             if not path:
                 continue
-            if any(path == p or path.startswith(p.rstrip("/") + "/") for p in self.paths):
+            if any(cgpath.is_within(path, p) for p in self.paths):
                 return True
             if any(_names(path, ident) for ident in self.ids):
                 return True
@@ -367,12 +368,7 @@ def _counter_events(facts: Facts, ooms: Sequence[LoggedOom], ids: _Ids) -> list[
         count = c.events.get("oom_kill")
         if not c.exists or count is None:
             continue
-        below = c.path.rstrip("/") + "/"
-        inside = sorted(
-            o.oom.ts
-            for o in ooms
-            if o.oom.task_memcg == c.path or o.oom.task_memcg.startswith(below)
-        )
+        inside = sorted(o.oom.ts for o in ooms if cgpath.is_within(o.oom.task_memcg, c.path))
         if count == 0:
             since = (inside[-1] + 1) if inside else now
         elif inside:

@@ -18,6 +18,7 @@ from tracer import clock
 from tracer.analysis.units import unit_of_cgroup
 from tracer.errors import UsageError, WhyrestartError
 from tracer.events import CgroupSample
+from tracer.parse import cgpath
 from tracer.parse.kmsg import KmsgRecord
 from tracer.postmortem.correlate import (
     CgroupNow,
@@ -31,7 +32,7 @@ from tracer.postmortem.correlate import (
     read_kernel_log,
 )
 from tracer.runtimes.base import Runtime
-from tracer.sources.cgroupfs import CgroupLayout, CgroupResolver, relative
+from tracer.sources.cgroupfs import CgroupLayout, CgroupResolver
 from tracer.sources.kmsg import DEFAULT_PATH, KmsgReader
 from tracer.sources.samplers import CgroupSampler
 
@@ -61,14 +62,20 @@ class World:
 
 
 def _container_runtimes(world: World) -> Sequence[Runtime]:
-    """podman, then every Docker daemon a docker client here would use (DOCKER_HOST, the
-    current context, the system socket...): the container runtimes ``record`` asks too."""
+    """podman, a Kubernetes node's CRI runtime, then every Docker daemon a docker client here
+    would use (DOCKER_HOST, the current context, the system socket...): the container runtimes
+    ``record`` asks too."""
     if world.runtimes is not None:
         return world.runtimes
     from tracer.runtimes import probe
+    from tracer.runtimes.cri import CriRuntime
 
     found, missing = probe()
-    return [rt for rt in (*found, *missing) if rt.name in ("podman", "docker")]
+    return [
+        rt
+        for rt in (*found, *missing)
+        if rt.name in ("podman", "docker") or (isinstance(rt, CriRuntime) and rt in found)
+    ]
 
 
 def resolve(kind: str, spec: str, world: World, now: int) -> tuple[Target, RuntimeState | None]:
@@ -83,6 +90,8 @@ def resolve(kind: str, spec: str, world: World, now: int) -> tuple[Target, Runti
             info = rt.find(spec)
             if info is not None:
                 label = f"{info.runtime} {info.name or info.id[:12]}"
+                if info.pod and info.namespace:  # (as a recording names it: units.from_info)
+                    label = f"pod {info.namespace}/{info.pod} container {info.name}"
                 paths = (info.cgroup_path,) if info.cgroup_path else ()
                 return Target(kind, spec, label, ids=(info.id,), paths=paths), RuntimeState(
                     info, now
@@ -115,7 +124,7 @@ def resolve(kind: str, spec: str, world: World, now: int) -> tuple[Target, Runti
         ids = (f"pod{uid}", f"pod{uid.replace('-', '_')}")
         return Target(kind, spec, f"pod {spec}", ids=ids), None
     if kind == "cgroup":
-        path = relative(world.layout, spec)
+        path = cgpath.relative(spec, world.layout.memory_root)
         return Target(kind, spec, path, paths=(path,)), None
     if kind == "pid":
         try:
@@ -213,7 +222,7 @@ def cgroups_now(world: World, paths: Iterable[str], now: int) -> tuple[CgroupNow
     resolver = CgroupResolver(layout, world.proc_root)
     seen: dict[str, CgroupNow] = {}
     for p in paths:
-        for path in CgroupResolver.ancestors(p):
+        for path in cgpath.ancestors(p):
             if path in seen:
                 continue
             try:

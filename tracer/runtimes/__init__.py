@@ -1,8 +1,8 @@
-"""Supervisors that name containers and count restarts: podman, Docker, systemd.
+"""Supervisors that name containers and count restarts: podman, Docker, CRI, systemd.
 
 This package owns asking supervisors about what they run. ``base`` has the interface
-(``Runtime``, ``ContainerInfo``); ``podman``, ``docker`` and ``systemd`` are the clients. This
-module adds:
+(``Runtime``, ``ContainerInfo``); ``podman``, ``docker``, ``cri`` and ``systemd`` are the
+clients. This module adds:
 
 * ``detect()``: the runtimes that can be asked on this host now (``probe()``: and why each
   of the others cannot);
@@ -29,6 +29,7 @@ from typing import NamedTuple, TypeVar
 
 from tracer.clock import boottime_ns
 from tracer.runtimes.base import ContainerInfo, Runtime
+from tracer.runtimes.cri import CriRuntime, cri_endpoints
 from tracer.runtimes.docker import DockerRuntime, docker_hosts
 from tracer.runtimes.podman import PodmanRuntime
 from tracer.runtimes.systemd import SystemdRuntime
@@ -64,6 +65,7 @@ def probe(
     docker_socket: str | None = None,
     podman_args: Sequence[str] = (),
     podman_env: Mapping[str, str] | None = None,
+    cri_endpoint: str | None = None,
 ) -> tuple[list[Runtime], list[Runtime]]:
     """(the runtimes that answer, the ones that do not: each with ``last_error`` saying why
     when it has a reason worth showing).
@@ -71,11 +73,15 @@ def probe(
     Podman before Docker: where both are installed, podman's CLI answers for its own
     containers and Docker's socket for dockerd's; a name is tried in each in turn. Docker is
     every daemon a docker client here would use (``docker_hosts``: ``DOCKER_HOST``, the
-    current context, the system socket, rootless sockets) unless ``docker_socket`` pins one.
+    current context, the system socket, rootless sockets) unless ``docker_socket`` pins one;
+    CRI is ``cri_endpoint`` when given (--runtime-endpoint), else ``cri_endpoints()``.
     """
     hosts = [f"unix://{docker_socket}"] if docker_socket else docker_hosts()
     candidates: list[Runtime] = [
         PodmanRuntime(global_args=podman_args, env=podman_env),
+        # a Kubernetes node's runtime (CONTAINER_RUNTIME_ENDPOINT, else containerd's or CRI-O's
+        # socket): before Docker, whose own containerd (no CRI plugin) does not answer here
+        *(CriRuntime(s) for s in cri_endpoints(given=cri_endpoint)),
         *(DockerRuntime.for_host(h) for h in hosts),
         SystemdRuntime(),
     ]
@@ -140,6 +146,9 @@ class RestartCountPoller:
     daemon, so an interpreter exit never hangs on a stuck runtime).
     """
 
+    BURST = 4  # passes after a poll_soon, BURST_INTERVAL_S apart (then the interval again)
+    BURST_INTERVAL_S = 0.1
+
     def __init__(
         self,
         interval_s: float = 1.0,
@@ -160,6 +169,7 @@ class RestartCountPoller:
         self.dropped = 0
         self._stop = threading.Event()
         self._wake = threading.Event()  # poll_soon: the next pass now, not at the interval
+        self._burst = 0  # passes left at BURST_INTERVAL_S after a poll_soon
         self._thread: threading.Thread | None = None
 
     # -- caller side
@@ -195,8 +205,11 @@ class RestartCountPoller:
         return out
 
     def poll_soon(self) -> None:
-        """Make the next pass now (a watched unit's main process ended: the supervisor's
-        record of that exit is wanted while the verdict on it is still open)."""
+        """Make the next pass now, and a few more soon after (a watched unit's main process
+        ended: the supervisor's record of that exit is wanted while the verdict on it is still
+        open, and a runtime learns of the exit a little after the kernel: containerd once its
+        shim has reaped the process and sent it the exit event)."""
+        self._burst = self.BURST
         self._wake.set()
 
     def stop(self, timeout_s: float = 10.0) -> None:
@@ -236,7 +249,11 @@ class RestartCountPoller:
                 return  # that was the final pass
             # Wait out the rest of the interval (a slow pass shortens the wait, never overlaps);
             # stop() wakes the wait and one final pass follows.
-            self._wake.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
+            interval = self.interval_s
+            if self._burst > 0:
+                self._burst -= 1
+                interval = min(interval, self.BURST_INTERVAL_S)
+            self._wake.wait(max(0.0, interval - (time.monotonic() - started)))
             self._wake.clear()
 
     def _query(self, w: _Watch) -> None:

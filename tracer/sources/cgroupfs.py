@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import posixpath
 import signal
 import time
 from collections import OrderedDict
@@ -39,6 +38,7 @@ from typing import Literal
 
 from tracer.errors import KernelUnsupported, PermissionProblem, UsageError
 from tracer.events import CgroupInfo
+from tracer.parse import cgpath
 from tracer.parse.cgroup import (
     CGROUP_PROCS,
     MEMORY_FILES,
@@ -127,12 +127,8 @@ def _pick(mounts: list[Mount]) -> Mount | None:
         return None
     return min(
         mounts,
-        key=lambda m: (m.root != "/", not _under(m.mount_point, _CANONICAL_PREFIX)),
+        key=lambda m: (m.root != "/", not cgpath.is_within(m.mount_point, _CANONICAL_PREFIX)),
     )
-
-
-def _under(path: str, prefix: str) -> bool:
-    return path == prefix or path.startswith(prefix + "/")
 
 
 def detect_layout(
@@ -184,22 +180,9 @@ def _read_text(path: str) -> str | None:
         return None
 
 
-def _norm(path: str) -> str:
-    """A cgroup path in canonical form: leading "/", no trailing "/", no "." or ".." parts.
-
-    Rooted normalisation cannot climb above "/", so a path never escapes the hierarchy root.
-    """
-    # posixpath keeps a leading "//" (POSIX lets it mean something else); cgroups do not.
-    return posixpath.normpath("/" + path.lstrip("/"))
-
-
 def relative(layout: CgroupLayout, path: str) -> str:
-    """``path`` relative to the memory hierarchy root, in canonical form ("/a/b"); a path that
-    starts with the mount point itself ("/sys/fs/cgroup/memory/a/b") is accepted too."""
-    root = (layout.memory_root or "").rstrip("/")
-    if root and (path == root or path.startswith(root + "/")):
-        path = path[len(root) :]
-    return _norm(path)
+    """``path`` relative to the memory hierarchy root, canonical (``tracer.parse.cgpath``)."""
+    return cgpath.relative(path, layout.memory_root)
 
 
 def under(root: str, rel: str) -> str:
@@ -242,7 +225,7 @@ class CgroupResolver:
 
     def _abs(self, path: str) -> str | None:
         root = self.layout.memory_root
-        return None if root is None else under(root, _norm(path))
+        return None if root is None else under(root, cgpath.canonical(path))
 
     def _remember(self, cgroup_id: int, path: str) -> None:
         # Re-seen entries move to the young end so "oldest" means "longest unseen".
@@ -289,7 +272,7 @@ class CgroupResolver:
         can live a few milliseconds; a rescan would find nothing) and without a rescan."""
         # (a path that fills the record's 256 bytes, WR_CGROUP_PATH_LEN, may have been cut)
         if cgroup_id not in self._paths and len(path.encode()) < 255:
-            self._remember(cgroup_id, _norm(path))
+            self._remember(cgroup_id, cgpath.canonical(path))
 
     def path_of(self, cgroup_id: int) -> str | None:
         """The path of ``cgroup_id`` (e.g. "/docker/abc"), or None if it is not known.
@@ -329,7 +312,7 @@ class CgroupResolver:
                 f"cgroup {rel} not found ({abs_path})",
                 fix=f"does it exist? list with ls {root}",
             )
-        self._remember(st.st_ino, _norm(rel))
+        self._remember(st.st_ino, cgpath.canonical(rel))
         return st.st_ino
 
     # -- limits --------------------------------------------------------------------------------
@@ -355,30 +338,10 @@ class CgroupResolver:
             return None
         return _read_text(os.path.join(abs_path, name(MEMORY_FILES[version])))
 
-    @staticmethod
-    def ancestors(path: str) -> list[str]:
-        """``"/a/b/c"`` → ``["/a/b/c", "/a/b", "/a", "/"]`` (pure; the path itself first)."""
-        p = _norm(path)
-        out = [p]
-        while p != "/":
-            p = posixpath.dirname(p)
-            out.append(p)
-        return out
-
     def effective_limit(self, path: str) -> tuple[int | None, str | None]:
-        """The smallest memory limit among ``path`` and its ancestors, and the path setting it.
-
-        ``(None, None)`` when nothing on the way to the root is limited. On equal limits the
-        deepest cgroup is named. (v1's ``use_hierarchy=0`` would make parents' limits not apply;
-        kernels >= 5.16 always use hierarchy, and older hosts leave it on in practice.)
-        """
-        best: int | None = None
-        where: str | None = None
-        for p in self.ancestors(path):
-            limit = self.limit_of(p)
-            if limit is not None and (best is None or limit < best):
-                best, where = limit, p
-        return best, where
+        """The limit that applies to ``path`` and the path setting it, from the limits on its
+        way to the root (``tracer.parse.cgpath.effective_limit``)."""
+        return cgpath.effective_limit((p, self.limit_of(p)) for p in cgpath.ancestors(path))
 
     def info(self, cgroup_id: int, ts: int) -> CgroupInfo | None:
         """A ``CgroupInfo`` event for ``cgroup_id`` stamped ``ts``, or None if the id is unknown.
@@ -438,7 +401,7 @@ class CgroupResolver:
                 names = [e.name for e in it if e.is_dir(follow_symlinks=False)]
         except OSError:
             return []
-        base = _norm(path).rstrip("/")
+        base = cgpath.canonical(path).rstrip("/")
         return [f"{base}/{name}" for name in sorted(names)]
 
     def procs(self, path: str) -> list[int]:
@@ -464,8 +427,8 @@ def _memory_path(lines: list[ProcCgroupLine], layout: CgroupLayout) -> str | Non
         return None
     # Without a cgroup namespace a container's mount shows only its own subtree (mount root
     # "/docker/<id>"), while /proc paths are from the hierarchy root: strip the mount root.
-    mount_root = _norm(layout.memory_mount_root)
-    path = _norm(path)
+    mount_root = cgpath.canonical(layout.memory_mount_root)
+    path = cgpath.canonical(path)
     if mount_root != "/":
         if path == mount_root:
             return "/"
@@ -560,14 +523,14 @@ class ChildCgroup:
     ) -> None:
         if not name or "/" in name or name in (".", "..") or "\0" in name:
             raise UsageError(f"bad cgroup name {name!r}", fix="use a single path component")
-        self.parent = _norm(parent)
+        self.parent = cgpath.canonical(parent)
         self.name = name
         self.limit_bytes = limit_bytes
         self.high_bytes = high_bytes
         self._layout = layout
         self.proc_root = proc_root
         self.kill_timeout_s = kill_timeout_s
-        self.path = _norm(f"{self.parent}/{name}")
+        self.path = cgpath.canonical(f"{self.parent}/{name}")
         self._cgroup_id: int | None = None
         self._resolver: CgroupResolver | None = None
         self._home: str | None = None  # our own memory cgroup at entry

@@ -67,6 +67,7 @@ from tracer.events import (
     ProcessSample,
     SampleError,
 )
+from tracer.parse import cgpath
 from tracer.parse.cgroup import CGROUP_PROCS, MEMORY_V1, MEMORY_V2, parse_flat_keyed, parse_limit
 from tracer.parse.memory import (
     Pressure,
@@ -78,7 +79,7 @@ from tracer.parse.memory import (
     parse_uint,
     proc_status_state,
 )
-from tracer.sources.cgroupfs import CgroupLayout, CgroupResolver, relative, under
+from tracer.sources.cgroupfs import CgroupLayout, CgroupResolver, under
 
 __all__ = [
     "DEFAULT_FAST_INTERVAL_NS",
@@ -255,7 +256,7 @@ class CgroupSampler:
             )
         self.layout = layout
         self.version: int = layout.memory_version
-        self.path = relative(layout, path)
+        self.path = cgpath.relative(path, layout.memory_root)
         self.abs_path = under(layout.memory_root, self.path)
         self.problems = problems if problems is not None else ProblemLog()
         self.gone = False
@@ -778,10 +779,10 @@ class SamplerSet:
         Raises:
             UsageError: no memory hierarchy, or no such cgroup.
         """
-        rel = relative(self.layout, path)
+        rel = cgpath.relative(path, self.layout.memory_root)
         if rel in self._watched:
             return True
-        paths = CgroupResolver.ancestors(rel)
+        paths = cgpath.ancestors(rel)
         new = [p for p in paths if p not in self._sampled]
         if len(self._sampled) + len(new) > self.max_cgroups:
             if not self._capped:
@@ -818,7 +819,7 @@ class SamplerSet:
 
     def unwatch_cgroup(self, path: str) -> None:
         """Stop sampling ``path`` (and ancestors no other watched cgroup needs)."""
-        self._watched.pop(relative(self.layout, path), None)
+        self._watched.pop(cgpath.relative(path, self.layout.memory_root), None)
         self._drop_unneeded()
 
     def watch_pid(self, pid: int) -> None:
@@ -865,16 +866,11 @@ class SamplerSet:
         return out
 
     def _effective(self, watch: _Watch) -> tuple[int | None, str | None]:
-        """The smallest limit on the way to the root and who sets it, from the latest samples
-        (the rule of ``CgroupResolver.effective_limit``: on a tie the deepest is named)."""
-        best: int | None = None
-        where: str | None = None
-        for p in watch.paths:
-            last = self._sampled[p].sampler.last
-            limit = last.limit_bytes if last is not None else None
-            if limit is not None and (best is None or limit < best):
-                best, where = limit, p
-        return best, where
+        """The limit that applies and who sets it, from the latest samples."""
+        return cgpath.effective_limit(
+            (p, last.limit_bytes if (last := self._sampled[p].sampler.last) is not None else None)
+            for p in watch.paths
+        )
 
     def _quiet(self, sampler: CgroupSampler, now_ns: int) -> bool:
         """Skip this full sample: the quiet interval is on, the last full one is younger than

@@ -125,3 +125,46 @@ def ensure_bpffs() -> bool:
         return False
     mount_fs("bpf", BPFFS)
     return bpffs_mounted()
+
+
+# The initial pid namespace's inode number: PROC_PID_INIT_INO (include/linux/proc_ns.h), fixed
+# since 3.8 (nsfs numbers every other namespace from 0xF0000000 up). Compared with our own
+# namespace's rather than read from /proc/self/status NSpid, which lists pids only from the
+# namespace of the procfs mount down: a container with its own /proc shows a single entry there.
+INIT_PID_NS_INO = 0xEFFFFFFC
+PID_NS_FIX = (
+    "run it in the host's pid namespace: docker/podman run --pid=host, hostPID: true in a "
+    "Kubernetes pod spec, or no PrivatePIDs= in its systemd unit"
+)
+
+
+def pid_namespace_problem(ns_path: str = "/proc/self/ns/pid") -> str | None:
+    """Why this process cannot record here, or None: BPF names every process by its pid in the
+    host's pid namespace (bpf_get_current_pid_tgid, task->tgid), so a recorder in another one
+    cannot tell itself from the processes it watches, and its SIGCONT to a process the kernel
+    held (tracer/gpu/side.py) would reach another process or none: it would stay stopped."""
+    try:
+        ino = os.stat(ns_path).st_ino
+    except OSError:
+        return None  # no /proc/self/ns (CONFIG_PID_NS off): one pid namespace only
+    if ino == INIT_PID_NS_INO:
+        return None
+    return (
+        f"this process runs in a pid namespace of its own (pid:[{ino}], not the host's): the "
+        "kernel's pids would be misread, and a process held at its first GPU call would be "
+        "resumed by the wrong pid"
+    )
+
+
+CAP_SYS_RESOURCE = 24  # include/uapi/linux/capability.h
+
+
+def has_capability(cap: int, status: str = "/proc/self/status") -> bool:
+    """``cap`` is in this process's effective set (root may lack some: a container or a
+    systemd unit's CapabilityBoundingSet)."""
+    try:
+        with open(status) as f:
+            eff = next(ln.split()[1] for ln in f if ln.startswith("CapEff:"))
+    except (OSError, StopIteration, IndexError):
+        return False
+    return bool(int(eff, 16) >> cap & 1)

@@ -1,0 +1,272 @@
+"""Tier 3 (root): llama.cpp's real `llama-server` (scripts/build-llama) serving a generated
+272 MiB llama model (tests/llm/model.py), in a memory cgroup of its own, recorded with an http
+probe of its /health (issue 29 items 1 and 4).
+
+(a) Loaded without mmap (`--load-mode none`: the weights are read into buffers) under a limit
+at half the model's size, it is OOM-killed during the load: cgroup_oom at the limit, said to
+have died while starting (no probe had passed) and that it needed more than the limit.
+(b) A 64 Ki-token context (its KV cache, zeroed, so charged at once: 1.5 GiB) under 1 GiB is
+OOM-killed while it allocates that cache, with the model mapped and within the limit.
+(c) A liveness-style supervisor that kills after 3 failed /health polls, with no initial delay,
+kills it while it is loading: probe_kill, still starting, advising a startup probe.
+
+The oracles are not the tool's: the server's own HTTP answers (/health 503 while loading, never
+200), the kernel log's OOM line (dmesg), the cgroup's failcnt and OOM-kill counter, and the
+supervisor's own record of what it saw."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from tests.llm.model import model_path
+from tests.workloads import in_cgroup
+from tracer.analysis.analyzer import Verdict
+from tracer.pipeline.follow import ProbeSetup
+from tracer.pipeline.record import Recorder, RecordResult, Targets
+from tracer.sources.cgroupfs import CgroupLayout, ChildCgroup
+from tracer.sources.probes import parse_probe
+
+pytestmark = pytest.mark.root
+
+ROOT = Path(__file__).resolve().parent.parent
+MiB = 1024 * 1024
+GiB = 1024 * MiB
+
+
+@pytest.fixture(scope="module")
+def llama_server() -> Path:
+    """The built binary (scripts/build-llama: cached, so only a first build takes minutes; a
+    skip says why the build failed)."""
+    r = subprocess.run(
+        [str(ROOT / "scripts" / "build-llama")], capture_output=True, text=True, timeout=3600
+    )
+    if r.returncode != 0:
+        why = r.stderr.strip().splitlines()[-1:] or ["no reason given"]
+        pytest.skip(f"llama-server could not be built (scripts/build-llama): {why[0]}")
+    return Path(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def model(llama_server: Path) -> Path:
+    """The generated model (272 MiB), cached beside the binary."""
+    cache = llama_server.parent
+    return model_path(cache / "models", cache / "ggml-vocab-llama-spm.gguf")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def status_of(url: str, timeout: float = 1) -> int:
+    """The HTTP status the server answered (0: no answer)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as e:
+        return int(e.code)
+    except OSError:
+        return 0
+
+
+def killed_in_kernel_log(pid: int) -> list[str]:
+    """The kernel log's OOM-kill lines for ``pid`` (dmesg, read here: not the tool's reader)."""
+    out = subprocess.run(["dmesg"], capture_output=True, text=True, check=True).stdout
+    return re.findall(rf"Memory cgroup out of memory: Killed process {pid} \(llama-server\).*", out)
+
+
+def server_argv(binary: Path, model: Path, port: int, *extra: str) -> list[str]:
+    # 2 threads (this kind of host has 2 cores); no warm-up run: the load is the test
+    return [
+        str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
+        "-t", "2", "--no-warmup", *extra,
+    ]  # fmt: skip
+
+
+@dataclass
+class Run:
+    res: RecordResult
+    pid: int  # the llama-server process
+    statuses: list[int] = field(default_factory=list)  # /health as the test saw it, in order
+    failcnt: int = 0
+    oom_kills: int = 0
+    side: str = ""  # what a supervisor printed
+
+
+def cg_value(cg: ChildCgroup, name: str, key: str | None = None) -> int:
+    text = Path(cg.abs_path, name).read_text()
+    if key is None:
+        return int(text.split()[0])
+    for line in text.splitlines():
+        k, _, v = line.partition(" ")
+        if k == key:
+            return int(v)
+    raise AssertionError(f"no {key} in {name}: {text!r}")
+
+
+@pytest.fixture
+def cgroup_of(parent_cgroup: str, layout: CgroupLayout) -> Iterator[object]:
+    """``cgroup_of(limit)``: a child memory cgroup with that limit, removed after the test."""
+    made: list[ChildCgroup] = []
+
+    def make(limit: int) -> ChildCgroup:
+        name = f"llm-{os.getpid()}-{time.monotonic_ns()}"
+        cg = ChildCgroup(parent_cgroup, name, limit, layout=layout)
+        cg.__enter__()
+        made.append(cg)
+        return cg
+
+    yield make
+    for cg in reversed(made):
+        cg.__exit__(None, None, None)
+
+
+def record_server(tmp_path: Path, cg: ChildCgroup, port: int, argv: list[str]) -> Run:
+    """Record ``argv`` (moved into ``cg`` first) with a 0.1 s probe of its /health, to its end;
+    meanwhile poll /health as a client would, keeping each answer."""
+    url = f"http://127.0.0.1:{port}/health"
+    probes = ProbeSetup([parse_probe(url)], 0.1, 0.5)
+    rec = Recorder(
+        str(tmp_path / "llama.trace"),
+        Targets(command=in_cgroup(cg, *argv), probes=probes),
+        duration=120,
+    )
+    out: dict[str, RecordResult] = {}
+    t = threading.Thread(target=lambda: out.setdefault("res", rec.run()))
+    t.start()
+    statuses: list[int] = []
+    while t.is_alive():
+        statuses.append(status_of(url, 0.5))
+        time.sleep(0.05)
+    t.join()
+    res = out["res"]
+    [pid] = {v.pid for v in res.verdicts if v.comm == "llama-server"}
+    return Run(
+        res,
+        pid,
+        statuses,
+        failcnt=cg_value(cg, "memory.failcnt"),
+        oom_kills=cg_value(cg, "memory.oom_control", "oom_kill"),
+    )
+
+
+def server_verdict(run: Run) -> Verdict:
+    [v] = [v for v in run.res.verdicts if v.pid == run.pid]
+    return v
+
+
+def test_a_load_without_mmap_under_half_the_model_dies_while_starting(
+    tmp_path: Path, llama_server: Path, model: Path, cgroup_of: object
+) -> None:
+    size = model.stat().st_size
+    limit = size // 2 // MiB * MiB
+    assert callable(cgroup_of)
+    cg: ChildCgroup = cgroup_of(limit)
+    port = free_port()
+    run = record_server(
+        tmp_path, cg, port, server_argv(llama_server, model, port, "--load-mode", "none")
+    )
+    # the oracles: the kernel killed it in this cgroup, and it never answered healthy
+    assert len(killed_in_kernel_log(run.pid)) == 1
+    assert run.oom_kills == 1 and run.failcnt > 0
+    assert 200 not in run.statuses
+    v = server_verdict(run)
+    assert (v.cause, v.confidence, v.comm, v.signal) == (
+        "cgroup_oom", "high", "llama-server", "SIGKILL"
+    )  # fmt: skip
+    assert (v.limit_cgroup, v.limit_bytes) == (cg.path, limit)
+    assert "; it was still starting (none of its" in v.summary
+    assert f"it needed more than {limit / MiB:.1f} MiB" in v.advice
+    assert "while it was still starting" in v.advice and "15% headroom" not in v.advice
+    assert any(what.startswith("kernel log: CONSTRAINT_MEMCG") for _, what in v.evidence)
+
+
+def test_a_64k_context_under_1_gib_is_killed_allocating_its_kv_cache(
+    tmp_path: Path, llama_server: Path, model: Path, cgroup_of: object
+) -> None:
+    """6 layers x (K + V) x 65536 positions x 1024 x F16 = 1.5 GiB of KV cache, zeroed when
+    allocated: over a 1 GiB limit that the mapped model (272 MiB) alone fits under."""
+    assert callable(cgroup_of)
+    cg: ChildCgroup = cgroup_of(1 * GiB)
+    port = free_port()
+    run = record_server(tmp_path, cg, port, server_argv(llama_server, model, port, "-c", "65536"))
+    assert len(killed_in_kernel_log(run.pid)) == 1
+    assert run.oom_kills == 1 and 200 not in run.statuses
+    v = server_verdict(run)
+    assert (v.cause, v.confidence, v.comm) == ("cgroup_oom", "high", "llama-server")
+    assert (v.limit_cgroup, v.limit_bytes) == (cg.path, 1 * GiB)
+    assert "; it was still starting (none of its" in v.summary
+    assert "it needed more than 1.0 GiB" in v.advice
+    # the KV cache is anonymous memory: it, not the mapped model, filled the cgroup
+    parts = dict(v.breakdown)
+    anon = parts.get("anon", parts.get("anon_rss", 0))
+    assert anon > 512 * MiB, v.breakdown
+
+
+# A liveness probe with no initial delay, as a home-made supervisor (or a kubelet with
+# initialDelaySeconds 0, failureThreshold 3) runs it: it starts the server (argv[2:]), polls
+# /health every 0.1 s and SIGKILLs it after 3 failures in a row (a 503 while loading is a
+# failure). It prints each status it saw, then what it did.
+SUPERVISOR = """
+import os, signal, subprocess, sys, time, urllib.error, urllib.request
+url, server = sys.argv[1], sys.argv[2:]
+child = subprocess.Popen(server, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+failed = 0
+while child.poll() is None:
+    time.sleep(0.1)
+    try:
+        status = urllib.request.urlopen(url, timeout=0.1).status
+    except urllib.error.HTTPError as e:
+        status = e.code
+    except Exception:
+        status = 0
+    print(status, flush=True)
+    failed = 0 if status == 200 else failed + 1
+    if failed == 3:
+        os.kill(child.pid, signal.SIGKILL)
+        print("killed", child.pid, flush=True)
+        break
+child.wait()
+"""
+
+
+def test_a_liveness_probe_during_a_slow_load_kills_a_server_still_starting(
+    tmp_path: Path, llama_server: Path, model: Path, cgroup_of: object
+) -> None:
+    """The load outlasts the probe's failure budget (3 x 0.1 s): a 64 Ki-token context, its
+    1.5 GiB KV cache zeroed as it is allocated, takes 1.5 s here to load (and longer on a busier
+    host), and /health answers 503 all along."""
+    assert callable(cgroup_of)
+    cg: ChildCgroup = cgroup_of(3 * GiB)  # (room for it all: no memory in this story)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/health"
+    (tmp_path / "supervisor.py").write_text(SUPERVISOR)
+    log = tmp_path / "supervisor.log"
+    server = server_argv(llama_server, model, port, "-c", "65536")
+    argv = ["sh", "-c", f'exec "$@" > {log}', "sh", sys.executable, str(tmp_path / "supervisor.py")]
+    run = record_server(tmp_path, cg, port, [*argv, url, *server])
+    seen = log.read_text().split()
+    # the supervisor's own word: it killed the server after 3 answers that were not 200
+    assert seen[-2:] == ["killed", str(run.pid)] and "200" not in seen[:-2], seen
+    assert run.oom_kills == 0 and 200 not in run.statuses
+    v = server_verdict(run)
+    assert (v.cause, v.signal, v.sender_role, v.comm) == (
+        "probe_kill", "SIGKILL", "supervisor", "llama-server"
+    )  # fmt: skip
+    assert v.confidence == "high" and v.probe_failures >= 3
+    assert "; it was still starting: it had never answered its probe healthy" in v.summary
+    assert "startup probe" in v.advice and "not more memory" in v.advice
