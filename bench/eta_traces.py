@@ -43,11 +43,25 @@ STEADY = (
 )
 
 
+def leak_over_cache(rate_mib: float) -> str:
+    """A leak of ``rate_mib`` MiB/s while the program keeps re-reading a 160 MiB file (argv[1],
+    on disk): the cgroup is full of page cache the kernel can drop, the anon is what kills."""
+    return (
+        "import os, sys, time\npath = sys.argv[1]\nwith open(path, 'wb') as f:\n"
+        "    for _ in range(160):\n        f.write(os.urandom(1 << 20))\n"
+        "chunks = []\nstart = time.monotonic()\nf = open(path, 'rb')\nos.unlink(path)\n"
+        "while True:\n    chunks.append(bytearray(b'x' * (1 << 20)))\n"
+        "    if not f.read(8 << 20):\n        f.seek(0)\n"
+        f"    time.sleep(max(0.0, start + len(chunks) / {rate_mib} - time.monotonic()))\n"
+    )
+
+
 def scenarios(cache_file: str) -> dict[str, tuple[int, list[str]]]:
     return {
         "eta_leak8_oom": (256 * MiB, ["-c", grow(8)]),
         "eta_leak3_oom": (160 * MiB, ["-c", grow(3)]),
         "eta_steps_oom": (384 * MiB, ["-c", grow(12, 24)]),
+        "eta_leak5_cache_oom": (256 * MiB, ["-c", leak_over_cache(5), cache_file]),
         "eta_ramp_ok": (256 * MiB, ["-c", RAMP]),
         "eta_steady_ok": (256 * MiB, ["-c", STEADY]),
         "eta_cache_ok": (64 * MiB, ["-c", cache_churn(40), cache_file]),  # page cache on disk

@@ -345,3 +345,15 @@ def test_the_bench_scores_lead_time_and_false_warnings(tmp_path: object) -> None
         "false_warnings": 0,
         "no_oom_traces": 1,
     }
+
+
+def test_the_recorded_traces_are_there_and_end_as_named() -> None:
+    """The bench's traces (tests/data/eta_*.trace.zst) replay: each ``*_oom`` one holds its
+    OOM kill, each ``*_ok`` one none (what they score is the bench's, not asserted here)."""
+    from bench.sections.eta import DATA, score
+
+    traces = sorted(DATA.glob("eta_*.trace.zst"))
+    assert len(traces) >= 7, traces
+    for p in traces:
+        s = score(p)
+        assert len(s["kills"]) == (1 if s["trace"].endswith("_oom") else 0), s

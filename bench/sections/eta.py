@@ -143,6 +143,8 @@ def summary(scores: list[Score]) -> dict[str, Any]:
 
 def run(opts: Options, tmp: Path, ctx: Context) -> Section:
     traces = sorted(DATA.glob("eta_*.trace.zst"))
+    if not traces:
+        return Section(f"## eta\n\nfailed: no eta_*.trace.zst in {DATA}\n", {"error": "no traces"})
     scores = [score(p) for p in traces]
     sm = summary(scores)
     text = [

@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 
 from tracer.events import CgroupSample, EffectiveLimit
+from tracer.parse.cgpath import ancestors, effective_limit
 
 NS = 1_000_000_000
 MiB = 1024 * 1024
@@ -239,15 +240,6 @@ def estimate(samples: Sequence[CgroupSample], limit: Limit, params: Params = DEF
 # Live: one estimate per watched cgroup, kept current as samples arrive
 
 
-def _ancestry(path: str) -> list[str]:
-    """``"/a/b"`` -> ``["/a/b", "/a", "/"]`` (the cgroup first, as ``Evidence.ancestry``)."""
-    out = [path]
-    while path not in ("/", ""):
-        path = path.rsplit("/", 1)[0] or "/"
-        out.append(path)
-    return out
-
-
 class Forecasts:
     """The current ``Eta`` of each watched cgroup (one the recorder sent an ``EffectiveLimit``
     for), updated at each of its samples. ``samples_of(cgroup_id, start, end)`` gives the kept
@@ -315,8 +307,10 @@ class Forecasts:
     def _effective(self, path: str, eff: EffectiveLimit) -> Limit | None:
         """The recorder's effective limit, or a smaller memory.high on the way to the root."""
         best = Limit(eff.limit_bytes, eff.set_by or path) if eff.limit_bytes else None
-        for p in _ancestry(path):
-            high = self._sampled.get(p, (0, None))[1]
-            if high is not None and (best is None or high < best.bytes):
-                best = Limit(high, p, "high")
+        # the throttle point follows the effective limit's own rule, over memory.high
+        high, where = effective_limit(
+            (p, self._sampled.get(p, (0, None))[1]) for p in ancestors(path)
+        )
+        if high is not None and where is not None and (best is None or high < best.bytes):
+            best = Limit(high, where, "high")
         return best
