@@ -9,18 +9,23 @@ have died while starting (no probe had passed) and that it needed more than the 
 OOM-killed while it allocates that cache, with the model mapped and within the limit.
 (c) A liveness-style supervisor that kills after 3 failed /health polls, with no initial delay,
 kills it while it is loading: probe_kill, still starting, advising a startup probe.
+(d) (b) in a podman container (tests/llm/image.py) under a restart policy: each start is
+OOM-killed, and the verdicts and restarts agree with podman's RestartCount.
 
 The oracles are not the tool's: the server's own HTTP answers (/health 503 while loading, never
 200), the kernel log's OOM line (dmesg), the cgroup's failcnt and OOM-kill counter, and the
-supervisor's own record of what it saw."""
+supervisor's own record of what it saw, podman's RestartCount and exit code."""
 
 from __future__ import annotations
 
 import os
 import re
+import resource
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -31,7 +36,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.llm import image
 from tests.llm.model import model_path
+from tests.recording import record_while, wait_for
 from tests.workloads import in_cgroup
 from tracer.analysis.analyzer import Verdict
 from tracer.pipeline.follow import ProbeSetup
@@ -270,3 +277,95 @@ def test_a_liveness_probe_during_a_slow_load_kills_a_server_still_starting(
     assert v.confidence == "high" and v.probe_failures >= 3
     assert "; it was still starting: it had never answered its probe healthy" in v.summary
     assert "startup probe" in v.advice and "not more memory" in v.advice
+
+
+# -- (d) in a podman container with a restart policy -----------------------------------------
+
+CONF = Path(__file__).resolve().parent / "data" / "runtimes" / "containers.conf"
+PODMAN_ENV = {**os.environ, "CONTAINERS_CONF": str(CONF)}
+# conmon writes a file named "oom" into its working directory when its container is OOM-killed
+# (tests/podmanimg.py): podman runs from a scratch directory, not the checkout
+PODMAN_CWD = Path(tempfile.gettempdir()) / f"llm-podman-{os.getpid()}"
+
+
+def as_outside() -> None:
+    """In podman's child, before exec: undo what the recording in this process set on itself
+    (tracer/selfguard.py: RLIMIT_DATA 1 GiB, oom_score_adj -900), which a container started
+    from here would inherit (its 1.5 GiB KV cache refused by malloc: an exit 1, not an OOM)."""
+    inf = resource.RLIM_INFINITY
+    resource.setrlimit(resource.RLIMIT_DATA, (inf, resource.getrlimit(resource.RLIMIT_DATA)[1]))
+    Path("/proc/self/oom_score_adj").write_text("0")
+
+
+def podman(*args: str, check: bool = True) -> str:
+    r = subprocess.run(
+        ["podman", *args], capture_output=True, text=True, timeout=300, env=PODMAN_ENV,
+        cwd=PODMAN_CWD, preexec_fn=as_outside,
+    )  # fmt: skip
+    if check:
+        assert r.returncode == 0, (args, r.stderr[-3000:])
+    return r.stdout
+
+
+@pytest.fixture(scope="module")
+def server_image(llama_server: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """llama-server's image (tests/llm/image.py), under a tag of this run's own."""
+    if shutil.which("podman") is None or shutil.which("runc") is None:
+        pytest.skip("podman and runc are not installed (scripts/setup installs them)")
+    tag = f"localhost/llm-llama-server:{os.getpid()}"
+    PODMAN_CWD.mkdir(exist_ok=True)
+    try:
+        ctx = tmp_path_factory.mktemp("llama-image")
+        image.build(tag, llama_server, ctx, PODMAN_ENV, PODMAN_CWD)
+        yield tag
+    finally:
+        podman("rmi", "-f", tag, check=False)
+        shutil.rmtree(PODMAN_CWD, ignore_errors=True)
+
+
+def test_a_container_restarted_on_its_kv_cache_oom_agrees_with_podmans_count(
+    tmp_path: Path, server_image: str, model: Path
+) -> None:
+    """(b) in a container under `--memory=1g --restart=on-failure:2`: every start is OOM-killed
+    allocating the 64 Ki context's KV cache, podman restarts it twice and gives up. Three
+    cgroup_oom verdicts, each while starting, two restarts named so, as podman counts them."""
+    name = f"llm-{os.getpid()}-{time.monotonic_ns() % 100000}"
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/health"
+    podman(
+        "create", "--name", name, "--network=host", "--memory=1g", "--memory-swap=1g",
+        "--restart=on-failure:2", "-v", f"{model}:/model.gguf:ro", server_image,
+        "-m", "/model.gguf", "--host", "127.0.0.1", "--port", str(port), "-t", "2",
+        "--no-warmup", "-c", "65536",
+    )  # fmt: skip
+    statuses: list[int] = []
+
+    def start_and_wait() -> None:
+        podman("start", name)
+
+        def given_up() -> bool:
+            statuses.append(status_of(url, 0.5))
+            state = podman("inspect", "-f", "{{.State.Status}} {{.RestartCount}}", name).split()
+            return state == ["exited", "2"]
+
+        wait_for(given_up, 120, "podman's second restart, and its giving up")
+
+    probes = ProbeSetup([parse_probe(url)], 0.1, 0.5)
+    try:
+        res = record_while(tmp_path, name, start_and_wait, probes=probes)
+        state = podman("inspect", "-f", "{{.RestartCount}} {{.State.ExitCode}}", name).split()
+    finally:
+        podman("rm", "-f", "-t", "0", name, check=False)
+    assert state == ["2", "137"] and 200 not in statuses
+    unit = f"podman {name}"
+    mains = [v for v in res.verdicts if v.main and v.unit == unit]
+    assert [(v.cause, v.confidence, v.comm) for v in mains] == [
+        ("cgroup_oom", "high", "llama-server")
+    ] * 3
+    assert all(len(killed_in_kernel_log(v.pid)) == 1 for v in mains)
+    assert all(
+        v.limit_bytes == 1 * GiB and "it needed more than 1.0 GiB" in v.advice for v in mains
+    )
+    assert all("; it was still starting (none of its" in v.summary for v in mains)
+    assert [r.cause for r in res.restarts] == ["cgroup_oom", "cgroup_oom"]
+    assert res.restart_counts == [(unit, 2, 2, "podman")]
