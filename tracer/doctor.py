@@ -36,12 +36,37 @@ class Check:
 
 
 def run_checks() -> tuple[list[Check], dict[str, Any]]:
-    # Long on purpose: the checks in the order doctor prints them, each a few lines, the later
-    # ones (attaching the hooks) only tried when the earlier ones passed.
-    checks: list[Check] = []
+    """The checks in the order doctor prints them; the hooks are only tried when what they
+    need passed (on a kernel too old the load fails with a libbpf error that names neither the
+    kernel nor the fix: the kernel line already says both)."""
     release = system.kernel_release()
     facts: dict[str, Any] = {"kernel": release}
     root = os.geteuid() == 0
+    checks = _host_checks(release, root)
+    cg = CgroupLayout.from_system()
+    facts["cgroup"] = dataclasses.asdict(cg)
+    checks.append(_memory_cgroup_check(cg))
+    ready = {c.name: c.ok for c in checks}
+    if root and all(ready[n] for n in ("kernel", "btf", "libbpf", "bpf_object")):
+        checks.extend(_hook_checks(cg, facts))
+        checks.extend(_gpu_checks(cg.memory_version == 1, facts))
+    else:
+        checks.append(
+            Check(
+                "hooks",
+                False,
+                "not probed (needs root, a new enough kernel, BTF, libbpf and the built object)",
+                "fix the checks above",
+                required=True,
+            )
+        )
+    return checks, facts
+
+
+def _host_checks(release: str, root: bool) -> list[Check]:
+    """What recording needs of the host before any BPF: root, the kernel, the pid namespace,
+    BTF, libbpf, the built object, tracefs, the kernel log."""
+    checks: list[Check] = []
     checks.append(
         Check(
             "root",
@@ -119,68 +144,58 @@ def run_checks() -> tuple[list[Check], dict[str, Any]]:
             required=False,
         )
     )
-    cg = CgroupLayout.from_system()
-    facts["cgroup"] = dataclasses.asdict(cg)
-    checks.append(
-        Check(
-            "memory_cgroup",
-            cg.memory_root is not None,
-            f"cgroup {cg.mode}; memory controller on v{cg.memory_version} at {cg.memory_root}"
-            if cg.memory_root
-            else f"cgroup {cg.mode}; no memory controller mounted",
-            ""
-            if cg.memory_root
-            else "mount the memory controller (cgroup v2: "
-            "echo +memory > /sys/fs/cgroup/cgroup.subtree_control)",
-            required=False,
-        )
+    return checks
+
+
+def _memory_cgroup_check(cg: CgroupLayout) -> Check:
+    return Check(
+        "memory_cgroup",
+        cg.memory_root is not None,
+        f"cgroup {cg.mode}; memory controller on v{cg.memory_version} at {cg.memory_root}"
+        if cg.memory_root
+        else f"cgroup {cg.mode}; no memory controller mounted",
+        ""
+        if cg.memory_root
+        else "mount the memory controller (cgroup v2: "
+        "echo +memory > /sys/fs/cgroup/cgroup.subtree_control)",
+        required=False,
     )
 
-    # on a kernel too old the load fails with a libbpf error that names neither the kernel nor
-    # the fix: the kernel line above already says both
-    if root and too_old is None and btf and built and loaded:
-        try:
-            cfg = layout.WrConfig(
-                filter_all=0,
-                memcg_v1=int(cg.memory_version == 1),
-                self_tgid=os.getpid(),
-                watch_cgroups=0,
-            )
-            kernel = hooks.KernelHooks(cfg)
-            try:
-                attached = kernel.attach()
-            finally:
-                kernel.close()
-            facts["hooks"] = attached.rungs
-            facts["hook_failures"] = attached.failures
-            for hook, rung in attached.rungs.items():
-                fails = "; ".join(attached.failures.get(hook, []))
-                optional = hook not in hooks.REQUIRED
-                checks.append(
-                    Check(
-                        f"hook:{hook}",
-                        rung is not None,
-                        (f"{rung}" + (f" (better rungs failed: {fails})" if fails else ""))
-                        if rung
-                        else f"no rung attached: {fails}",
-                        "" if rung else HOOK_FIXES.get(hook, "see the reasons above"),
-                        required=not optional,
-                    )
-                )
-        except WhyrestartError as exc:
-            checks.append(Check("hooks", False, str(exc), exc.fix or ""))
-        checks.extend(_gpu_checks(cg.memory_version == 1, facts))
-    else:
-        checks.append(
-            Check(
-                "hooks",
-                False,
-                "not probed (needs root, a new enough kernel, BTF, libbpf and the built object)",
-                "fix the checks above",
-                required=True,
-            )
+
+def _hook_checks(cg: CgroupLayout, facts: dict[str, Any]) -> list[Check]:
+    """Load the object and attach every hook: the rung each one got, or why none did."""
+    checks: list[Check] = []
+    try:
+        cfg = layout.WrConfig(
+            filter_all=0,
+            memcg_v1=int(cg.memory_version == 1),
+            self_tgid=os.getpid(),
+            watch_cgroups=0,
         )
-    return checks, facts
+        kernel = hooks.KernelHooks(cfg)
+        try:
+            attached = kernel.attach()
+        finally:
+            kernel.close()
+        facts["hooks"] = attached.rungs
+        facts["hook_failures"] = attached.failures
+        for hook, rung in attached.rungs.items():
+            fails = "; ".join(attached.failures.get(hook, []))
+            optional = hook not in hooks.REQUIRED
+            checks.append(
+                Check(
+                    f"hook:{hook}",
+                    rung is not None,
+                    (f"{rung}" + (f" (better rungs failed: {fails})" if fails else ""))
+                    if rung
+                    else f"no rung attached: {fails}",
+                    "" if rung else HOOK_FIXES.get(hook, "see the reasons above"),
+                    required=not optional,
+                )
+            )
+    except WhyrestartError as exc:
+        checks.append(Check("hooks", False, str(exc), exc.fix or ""))
+    return checks
 
 
 def can_record(checks: list[Check]) -> bool:
