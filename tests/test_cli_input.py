@@ -344,7 +344,7 @@ def test_repro_out_dir_is_made_like_record_makes_its_file() -> None:
     FileExistsError, and `/a/b/c` made the whole path where record refuses a missing directory.
     """
     from tracer.errors import OutputError, UsageError
-    from tracer.repro import _make_out_dir
+    from tracer.repro.run import _make_out_dir
 
     with pytest.raises(OutputError, match="--out-dir /proc/foo: cannot make the directory"):
         _make_out_dir("/proc/foo")
