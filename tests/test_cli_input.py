@@ -29,7 +29,7 @@ from tracer.cli import main
 
 DATA = Path(__file__).parent / "data"
 TRACE = str(DATA / "demo_v1_oom.trace")
-# tracer/cli.py EXIT_CODES: 0 done, 1 other error, 2 usage, 3 root, 4 kernel, 5 BPF, 6 trace
+# tracer/cli/common.py EXIT_CODES: 0 done, 1 other error, 2 usage, 3 root, 4 kernel, 5 BPF, 6 trace
 # file, 7 output; no command runs here, so no command status can be passed through.
 DOCUMENTED = {0, 1, 2, 3, 4, 5, 6, 7}
 

@@ -1,0 +1,126 @@
+"""``whyrestart repro``: one recorded run per value of one setting, compared
+(``tracer.repro`` plans and runs them)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from tracer import safetext
+from tracer.cli.common import LIFECYCLE, _dumps, _friendly, _text, main
+from tracer.options import CGROUP, DURATION, OUTPUT_DIR, Checked, SettingList
+from tracer.parse import values
+
+
+def _parse_probe(text: str) -> object:
+    from tracer.sources.probes import parse_probe
+
+    return parse_probe(text)
+
+
+@main.command(context_settings={"ignore_unknown_options": False}, epilog=LIFECYCLE)
+@click.option(
+    "--memory-max",
+    type=SettingList("--memory-max"),
+    default=None,
+    help="Memory limits to try, e.g. 64M,128M,256M.",
+)
+@click.option(
+    "--memory-high",
+    type=SettingList("--memory-high"),
+    default=None,
+    help="memory.high values to try (cgroup v2 only).",
+)
+@click.option(
+    "--probe-timeout",
+    type=SettingList("--probe-timeout", durations=True),
+    default=None,
+    help="Probe timeouts to try, e.g. 0.5,1s,2s (needs --probe).",
+)
+@click.option(
+    "--runs",
+    "repeats",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Runs per value.",
+)
+@click.option(
+    "--probe",
+    type=Checked("probe", _parse_probe),
+    default=None,
+    help="http://HOST:PORT/PATH, tcp://HOST:PORT or exec:CMD.",
+)
+@click.option(
+    "--probe-interval",
+    type=Checked("duration", values.parse_duration),
+    default=None,
+    help="Time between probes (default 1s).",
+)
+@click.option(
+    "--probe-failures",
+    type=click.IntRange(min=0),
+    default=3,
+    show_default=True,
+    help="Kill the workload after this many failed probes in a row, like a liveness probe "
+    "(0: never).",
+)
+@click.option(
+    "--probe-delay",
+    type=Checked("duration", values.parse_duration),
+    default=None,
+    help="Wait this long before the first probe.",
+)
+@click.option(
+    "--duration", type=DURATION, default=None, help="End each run after this long (120, 2s)."
+)
+@click.option(
+    "--out-dir",
+    type=OUTPUT_DIR,
+    default=None,
+    help="Directory for the traces, made if missing (its parent must exist; default "
+    "./repro-<timestamp>).",
+)
+@click.option(
+    "--parent-cgroup",
+    type=CGROUP,
+    default=None,
+    help="Memory cgroup under which each run's cgroup is made (default: beside/under ours).",
+)
+@click.option("--json", "as_json", is_flag=True, help="The comparison as JSON (schema 1).")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@_friendly
+def repro(as_json: bool, **options: Any) -> None:
+    """Run a workload once per value of ONE setting, each run in a fresh memory cgroup and
+    recorded to its own trace; compare the runs and name the smallest value that survived.
+
+    Sizes: 64M, 1G, 512Mi or bytes (K/M/G/T are powers of 1024, as in docker --memory).
+    Every run has a memory limit (the one varied, --memory-max, or 80% of the host's available
+    memory), so no run can exhaust the host. Needs root.
+
+    \b
+    Examples:
+      sudo whyrestart repro --memory-max 512M,1G,2G -- python serve.py --load test
+      sudo whyrestart repro --memory-high 256M,512M --memory-max 1G -- ./hog
+      sudo whyrestart repro --probe-timeout 0.5,1,2 --probe http://127.0.0.1:8000/health \\
+          --memory-max 1G --duration 120 -- python serve.py
+    """
+    from tracer.repro import Experiment, Options, make_plan
+    from tracer.sources.cgroupfs import CgroupLayout
+
+    layout = CgroupLayout.from_system()
+    # click names each keyword after its option, as Options names its fields.
+    plan = make_plan(Options(**options), memory_version=layout.memory_version)
+
+    def progress(line: str) -> None:
+        click.echo(safetext.field(line), err=True)
+
+    comparison = Experiment(plan, progress, layout=layout).run()
+    if as_json:
+        click.echo(_dumps(comparison.to_json()))
+    else:
+        _text(comparison.table(), nl=False)
+    if comparison.stop_signal is not None:
+        sys.exit(128 + comparison.stop_signal)
