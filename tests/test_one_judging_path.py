@@ -51,12 +51,25 @@ def supervisor_trace(path: Path) -> Path:
 # /health timed out (probe_kill_supervisor: tests/test_supervisor_root.py's SERVER and
 # SUPERVISOR under `record --probe --probe-interval 300ms --probe-timeout 300ms`) and a refused
 # cuMemAlloc_v2 through the stand-in libcuda (gpu_oom_fake_libcuda: tests/gpu's `fast fail`
-# with FAKE_CUDA_BUDGET_BYTES=1048576). What each is judged, exactly:
+# with FAKE_CUDA_BUDGET_BYTES=1048576) and Debian's earlyoom 1.7 SIGTERMing a 200 MiB python
+# (userspace_oom_earlyoom: `earlyoom -m 90 -s 100` beside it in a pid namespace of their own, so
+# it could kill nothing else, on a host with 74% of its memory available: a real daemon's kill
+# on a threshold set above the host's free memory, as a misconfigured one makes; a kill under
+# real pressure, systemd-oomd's, is the lab VM's test). What each is judged, exactly:
 EXPECTED: dict[str, Judged] = {
     "probe_kill_supervisor.trace.zst": Counter(
         {(16579, "probe_kill", "high"): 1, (16092, "app_exit", "high"): 1}
     ),
     "gpu_oom_fake_libcuda.trace.zst": Counter({(1733, "gpu_oom", "high"): 1}),
+    "userspace_oom_earlyoom.trace.zst": Counter(
+        {
+            (9019, "userspace_oom", "high"): 1,  # python, by earlyoom (known by its executable)
+            (9141, "signal_kill", "high"): 1,  # earlyoom, stopped by the shell that started it
+            (9006, "app_exit", "high"): 1,
+            (9018, "app_exit", "high"): 1,
+            (9020, "app_exit", "high"): 1,
+        }
+    ),
 }
 
 
@@ -140,10 +153,10 @@ def test_each_checked_in_trace_has_a_kill_among_its_verdicts(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
-def test_each_recorded_kill_that_is_not_an_oom_is_judged_as_it_was_checked_in(
+def test_each_probe_gpu_and_userspace_trace_is_judged_as_it_was_checked_in(
     name: str, tmp_path: Path
 ) -> None:
-    """The probe kill and the GPU OOM keep their cause and confidence, pid by pid, in replay
-    and report alike (the supervisor itself exits 0 after its kill: app_exit)."""
+    """The probe kill, the GPU OOM and the user-space OOM keep their cause and confidence, pid by
+    pid, in replay and report alike (the supervisor itself exits 0 after its kill: app_exit)."""
     assert from_replay(DATA / name) == EXPECTED[name]
     assert from_report(DATA / name, tmp_path) == EXPECTED[name]
