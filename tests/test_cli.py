@@ -28,6 +28,15 @@ def test_replay_golden_trace_gives_the_recorded_verdicts() -> None:
     assert out == (DATA / "demo_v1_oom.replay.txt").read_text()
 
 
+def test_replay_golden_probe_kill_trace() -> None:
+    """A real supervisor's probe kill (recorded on this host with --probe, see
+    tests/test_one_judging_path.py): the probes, the kill and the verdict's evidence replay as
+    when it was checked in."""
+    code, out, _ = run("replay", str(DATA / "probe_kill_supervisor.trace.zst"))
+    assert code == 0
+    assert out == (DATA / "probe_kill_supervisor.replay.txt").read_text()
+
+
 def test_replay_json_shape() -> None:
     code, out, _ = run("replay", "--json", str(GOLDEN))
     assert code == 0

@@ -23,7 +23,7 @@ from tracer.analysis.wording import memory_at_kill
 from tracer.cli import main
 
 DATA = Path(__file__).parent / "data"
-TRACES = sorted(str(p) for p in DATA.glob("*.trace"))
+TRACES = sorted(str(p) for p in [*DATA.glob("*.trace"), *DATA.glob("*.trace.zst")])
 MiB = 1024 * 1024
 
 

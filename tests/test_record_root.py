@@ -112,14 +112,37 @@ def test_sigterm_from_another_process_names_the_sender(tmp_path: Path) -> None:
 
 
 def test_descendants_are_watched_and_strangers_are_not(tmp_path: Path) -> None:
-    stranger = subprocess.Popen(["sh", "-c", "sleep 0.3; exit 5"])
+    """A stranger that provably runs while the hooks are attached leaves no verdict: it is
+    started before the recording (so it is nobody's helper, not the recorder's), released by
+    on_ready (hooks attached, before the command starts), and the command waits on a fifo for
+    the stranger's own child's exit status, so the recording was up for the stranger's whole
+    life and did record the command's exits around it: its absence is the filter's doing."""
+    go, pidfile, fifo = tmp_path / "go", tmp_path / "stranger.pid", tmp_path / "fifo"
+    os.mkfifo(fifo)
+    script = (
+        f"while [ ! -e {go} ]; do sleep 0.05; done; "
+        f"sh -c 'exit 5' & echo $! > {pidfile}; wait $!; echo $? > {fifo}"
+    )
+    stranger = subprocess.Popen(["sh", "-c", script])
+    command = ["sh", "-c", f"sh -c 'exit 7'; read r < {fifo}; test \"$r\" = 5"]
+    rec = Recorder(
+        str(tmp_path / "t.trace"), Targets(command=command), duration=60, on_ready=go.touch
+    )
     try:
-        res = record(tmp_path, ["sh", "-c", "sh -c 'exit 7'; sleep 0.6; exit 0"])
+        res = rec.run()
     finally:
+        if stranger.poll() is None:
+            stranger.kill()
         stranger.wait()
-    pids = {v.pid for v in res.verdicts}
-    assert stranger.pid not in pids
-    assert sorted(v.exit_code or 0 for v in res.verdicts) == [0, 0, 7]
+    assert go.exists(), "on_ready was not called"
+    # the command read 5 from the stranger: the stranger's child ran and exited while recording
+    assert res.command_status == 0 and stranger.returncode == 0
+    strangers = {stranger.pid, int(pidfile.read_text())}
+    exits = {e.pid: e for e in events_of(res.path) if isinstance(e, Exit)}
+    assert sorted(v.exit_code or 0 for v in res.verdicts) == [0, 7]
+    assert {v.pid for v in res.verdicts} <= exits.keys()  # the window's own exits, recorded
+    assert not strangers & {v.pid for v in res.verdicts}
+    assert not strangers & exits.keys()
 
 
 def test_cgroup_target(tmp_path: Path, parent_cgroup: str, layout: CgroupLayout) -> None:
