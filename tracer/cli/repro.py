@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from tracer import safetext
-from tracer.cli.common import LIFECYCLE, _dumps, _friendly, _text, main
+from tracer.cli.common import LIFECYCLE, F, _dumps, _friendly, _text, main
 from tracer.options import CGROUP, DURATION, OUTPUT_DIR, Checked, SettingList
 from tracer.parse import values
 
@@ -20,75 +20,96 @@ def _parse_probe(text: str) -> object:
     return parse_probe(text)
 
 
+# The one setting varied, its values, and how many runs each value gets.
+_SETTING_OPTIONS = [
+    click.option(
+        "--memory-max",
+        type=SettingList("--memory-max"),
+        default=None,
+        help="Memory limits to try, e.g. 64M,128M,256M.",
+    ),
+    click.option(
+        "--memory-high",
+        type=SettingList("--memory-high"),
+        default=None,
+        help="memory.high values to try (cgroup v2 only).",
+    ),
+    click.option(
+        "--probe-timeout",
+        type=SettingList("--probe-timeout", durations=True),
+        default=None,
+        help="Probe timeouts to try, e.g. 0.5,1s,2s (needs --probe).",
+    ),
+    click.option(
+        "--runs",
+        "repeats",
+        type=click.IntRange(min=1),
+        default=1,
+        show_default=True,
+        help="Runs per value.",
+    ),
+]
+
+# The liveness probe each run gets, as a kubelet's would.
+_PROBE_OPTIONS = [
+    click.option(
+        "--probe",
+        type=Checked("probe", _parse_probe),
+        default=None,
+        help="http://HOST:PORT/PATH, tcp://HOST:PORT or exec:CMD.",
+    ),
+    click.option(
+        "--probe-interval",
+        type=Checked("duration", values.parse_duration),
+        default=None,
+        help="Time between probes (default 1s).",
+    ),
+    click.option(
+        "--probe-failures",
+        type=click.IntRange(min=0),
+        default=3,
+        show_default=True,
+        help="Kill the workload after this many failed probes in a row, like a liveness probe "
+        "(0: never).",
+    ),
+    click.option(
+        "--probe-delay",
+        type=Checked("duration", values.parse_duration),
+        default=None,
+        help="Wait this long before the first probe.",
+    ),
+]
+
+# Each run's length, where its trace goes, where its cgroup is made.
+_RUN_OPTIONS = [
+    click.option(
+        "--duration", type=DURATION, default=None, help="End each run after this long (120, 2s)."
+    ),
+    click.option(
+        "--out-dir",
+        type=OUTPUT_DIR,
+        default=None,
+        help="Directory for the traces, made if missing (its parent must exist; default "
+        "./repro-<timestamp>).",
+    ),
+    click.option(
+        "--parent-cgroup",
+        type=CGROUP,
+        default=None,
+        help="Memory cgroup under which each run's cgroup is made (default: beside/under ours).",
+    ),
+]
+
+
+def _repro_options(fn: F) -> F:
+    """repro's options, in --help's order: the setting, the probe, the runs."""
+    for opt in reversed([*_SETTING_OPTIONS, *_PROBE_OPTIONS, *_RUN_OPTIONS]):
+        fn = opt(fn)
+    return fn
+
+
 @main.command(context_settings={"ignore_unknown_options": False}, epilog=LIFECYCLE)
-@click.option(
-    "--memory-max",
-    type=SettingList("--memory-max"),
-    default=None,
-    help="Memory limits to try, e.g. 64M,128M,256M.",
-)
-@click.option(
-    "--memory-high",
-    type=SettingList("--memory-high"),
-    default=None,
-    help="memory.high values to try (cgroup v2 only).",
-)
-@click.option(
-    "--probe-timeout",
-    type=SettingList("--probe-timeout", durations=True),
-    default=None,
-    help="Probe timeouts to try, e.g. 0.5,1s,2s (needs --probe).",
-)
-@click.option(
-    "--runs",
-    "repeats",
-    type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help="Runs per value.",
-)
-@click.option(
-    "--probe",
-    type=Checked("probe", _parse_probe),
-    default=None,
-    help="http://HOST:PORT/PATH, tcp://HOST:PORT or exec:CMD.",
-)
-@click.option(
-    "--probe-interval",
-    type=Checked("duration", values.parse_duration),
-    default=None,
-    help="Time between probes (default 1s).",
-)
-@click.option(
-    "--probe-failures",
-    type=click.IntRange(min=0),
-    default=3,
-    show_default=True,
-    help="Kill the workload after this many failed probes in a row, like a liveness probe "
-    "(0: never).",
-)
-@click.option(
-    "--probe-delay",
-    type=Checked("duration", values.parse_duration),
-    default=None,
-    help="Wait this long before the first probe.",
-)
-@click.option(
-    "--duration", type=DURATION, default=None, help="End each run after this long (120, 2s)."
-)
-@click.option(
-    "--out-dir",
-    type=OUTPUT_DIR,
-    default=None,
-    help="Directory for the traces, made if missing (its parent must exist; default "
-    "./repro-<timestamp>).",
-)
-@click.option(
-    "--parent-cgroup",
-    type=CGROUP,
-    default=None,
-    help="Memory cgroup under which each run's cgroup is made (default: beside/under ours).",
-)
+@_repro_options
 @click.option("--json", "as_json", is_flag=True, help="The comparison as JSON (schema 1).")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @_friendly
