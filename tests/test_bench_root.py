@@ -32,6 +32,7 @@ TABLES = {
     "soak": ("## Tracer RSS steady state", "| storm children exit | exits made |"),
     "gpuhold": ("## GPU: a program's first driver call", "| what | programs |"),
     "agent": ("## Agent: CPU at idle and at 1,000 clean exits/s", "| variant | idle CPU %"),
+    "eta": ("## Time-to-limit warnings (eta)", "| trace | OOM kills |"),
 }
 
 

@@ -134,18 +134,20 @@ def test_bad_targets(image: str) -> None:
     assert r.exit_code == 2 and "no such process, and the kernel log holds no OOM kill" in r.output
 
 
-def test_without_root_a_restricted_kernel_log_is_said(tmp_path: Path) -> None:
+def test_without_root_a_restricted_kernel_log_is_said(
+    tmp_path: Path, unprivileged: tuple[list[str], dict[str, str]]
+) -> None:
     try:
         restricted = Path("/proc/sys/kernel/dmesg_restrict").read_text().strip() == "1"
     except OSError:
         restricted = False
     if not restricted or shutil.which("setpriv") is None:
         pytest.skip("needs kernel.dmesg_restrict=1 and setpriv (util-linux)")
-    exe = Path(sys.executable).parent / "whyrestart"
+    wr, env = unprivileged
     r = subprocess.run(
-        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", str(exe),
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *wr,
          "postmortem", "--all", "--json"],
-        capture_output=True, text=True, timeout=60, check=False,
+        capture_output=True, text=True, timeout=60, check=False, env=env, cwd="/",
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     doc = orjson.loads(r.stdout)

@@ -141,14 +141,19 @@ def summary(scores: list[Score]) -> dict[str, Any]:
     }
 
 
+HEADING = "## Time-to-limit warnings (eta): lead before each OOM kill, false warnings"
+
+
 def run(opts: Options, tmp: Path, ctx: Context) -> Section:
     traces = sorted(DATA.glob("eta_*.trace.zst"))
     if not traces:
-        return Section(f"## eta\n\nfailed: no eta_*.trace.zst in {DATA}\n", {"error": "no traces"})
+        return Section(
+            f"{HEADING}\n\nfailed: no eta_*.trace.zst in {DATA}\n", {"error": "no traces"}
+        )
     scores = [score(p) for p in traces]
     sm = summary(scores)
     text = [
-        "## eta",
+        HEADING,
         "",
         *table(scores),
         "",
