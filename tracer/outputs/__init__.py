@@ -8,6 +8,8 @@ Modules:
   so the report and the Perfetto export always show the same grouping and the same numbers.
 * ``tracer.outputs.report``: the self-contained HTML report (inline SVG charts drawn by
   matplotlib, no scripts, no network) and its PNG twin.
+* ``tracer.outputs.charts``: the report's charts, one module per chart's panels (``unit``,
+  ``host``) over what they share (``base``).
 * ``tracer.outputs.perfetto``: Chrome trace-event JSON for ui.perfetto.dev.
 * ``tracer.outputs.schema``: the JSON Schema of verdict objects and ``explain --json``.
 * ``tracer.repro`` (beside this package) runs the experiments whose JSON shape is below.
