@@ -775,8 +775,14 @@ def with_composition(
     said = say.composition_text(parts, limit)
     if said is None or source is None:
         return summary, advice, None
-    what = say.memory_at_kill(parts, fmt_bytes)
-    return f"{summary}; {said[0]}", f"{advice}; {said[1]}", (oom_ts, f"{source}: {what}")
+    what = say.composition_parts(list(parts), fmt_bytes)
+    top = dict(parts)
+    # Where tmpfs or kernel memory filled it, a higher limit only delays the next kill: that
+    # advice comes first. Otherwise the limit's advice stands and the composition refines it.
+    pinned = max(top.get("shmem", 0), top.get("kernel", 0) + top.get("sock", 0))
+    first = pinned > top.get("anon", 0) + top.get("file_mapped", 0) + top.get("file_unmapped", 0)
+    advice = f"{said[1]}; {advice}" if first else f"{advice}; {said[1]}"
+    return f"{summary}; {said[0]}", advice, (oom_ts, f"{source}: {what}")
 
 
 def split_stat(stat: dict[str, int]) -> tuple[tuple[str, int], ...]:

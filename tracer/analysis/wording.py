@@ -598,8 +598,7 @@ def memory_at_kill(breakdown: tuple[tuple[str, int], ...], fmt: Callable[[int], 
     victim = [(k, b) for k, b in breakdown if k in RSS_KEYS]
     said = []
     if cgroup:
-        parts = ", ".join(f"{COMPOSITION_KEYS.get(k, k)} {fmt(b)}" for k, b in cgroup)
-        said.append(f"the limiting cgroup's memory at the kill: {parts}{_reclaimable(cgroup, fmt)}")
+        said.append(f"the limiting cgroup's memory at the kill: {composition_parts(cgroup, fmt)}")
     if victim:
         parts = ", ".join(f"{RSS_KEYS[k]} {fmt(b)}" for k, b in victim)
         said.append(
@@ -628,6 +627,12 @@ _RECLAIMABLE = ("file_mapped", "file_unmapped")
 _UNRECLAIMABLE = ("anon", "shmem", "kernel", "sock")
 
 
+def composition_parts(parts: list[tuple[str, int]], fmt: Callable[[int], str]) -> str:
+    """The limiting cgroup's parts, named, and what of them was reclaimable."""
+    named = ", ".join(f"{COMPOSITION_KEYS.get(k, k)} {fmt(b)}" for k, b in parts)
+    return named + _reclaimable(parts, fmt)
+
+
 def _reclaimable(parts: list[tuple[str, int]], fmt: Callable[[int], str]) -> str:
     got = dict(parts)
     if not any(k in got for k in _RECLAIMABLE):
@@ -638,7 +643,7 @@ def _reclaimable(parts: list[tuple[str, int]], fmt: Callable[[int], str]) -> str
 
 
 def composition_source_kmsg(path: str) -> str:
-    return f"kernel OOM report: memory cgroup stats for {path or 'the OOM memcg'} at the kill"
+    return f"kernel OOM report: memory cgroup stats for {path or 'the OOM memcg'}"
 
 
 def composition_source_sample(path: str, after_ns: int) -> str:
