@@ -190,6 +190,11 @@ class KmsgOom(Event, frozen=True, tag="kmsg_oom"):
     shmem_rss_kb: int | None
     oom_score_adj: int | None
     memcg: bool  # constraint == CONSTRAINT_MEMCG, or the "Memory cgroup out of memory" prefix
+    # The report's "Memory cgroup stats for <path>:" dump (the OOM's memcg at the kill), in
+    # parse.memory.normalize_stat's v2 names, plus "kernel" (v1's kmem usage line) and "swap"
+    # (v2's swap usage line) where printed; {} when the report had none.
+    memcg_stat: dict[str, int] = {}
+    memcg_stat_path: str = ""
 
 
 class CgroupInfo(Event, frozen=True, tag="cgroup"):

@@ -591,13 +591,116 @@ RSS_KEYS = {"anon_rss": "anon-rss", "file_rss": "file-rss", "shmem_rss": "shmem-
 
 
 def memory_at_kill(breakdown: tuple[tuple[str, int], ...], fmt: Callable[[int], str]) -> str:
-    """A verdict's breakdown, named for what it measured: the cgroup's charge (memory.stat), or
-    the victim's RSS from the kernel log (which is not the cgroup's page cache)."""
-    if breakdown and all(k in RSS_KEYS for k, _ in breakdown):
-        parts = ", ".join(f"{RSS_KEYS[k]} {fmt(b)}" for k, b in breakdown)
-        return (
+    """A verdict's breakdown, each part named for what it measured: the limiting cgroup's
+    charge (the kernel's OOM report or memory.stat), and the victim's RSS from the kernel log
+    (which is not the cgroup's page cache)."""
+    cgroup = [(k, b) for k, b in breakdown if k not in RSS_KEYS]
+    victim = [(k, b) for k, b in breakdown if k in RSS_KEYS]
+    said = []
+    if cgroup:
+        said.append(f"the limiting cgroup's memory at the kill: {composition_parts(cgroup, fmt)}")
+    if victim:
+        parts = ", ".join(f"{RSS_KEYS[k]} {fmt(b)}" for k, b in victim)
+        said.append(
             f"the victim's RSS at the kill (kernel log): {parts} (file-rss is mapped files, "
             "which may be charged to other cgroups)"
         )
-    parts = ", ".join(f"{k} {fmt(b)}" for k, b in breakdown)
-    return f"the cgroup's memory at the kill (memory.stat): {parts}"
+    return "; ".join(said)
+
+
+# What each part of the limiting cgroup's composition is called (rules.split_stat's keys; the
+# older "file" of traces recorded before the split keeps its name).
+COMPOSITION_KEYS = {
+    "anon": "anon",
+    "shmem": "tmpfs/shared memory",
+    "file_mapped": "mapped files",
+    "file_unmapped": "unmapped page cache",
+    "kernel": "kernel",
+    "slab": "of it slab",
+    "pagetables": "of it page tables",
+    "sock": "sockets",
+    "swap": "swap",
+}
+# The parts the kernel can drop under pressure (clean page cache; dirty pages after
+# writeback). anon and shmem need swap, kernel memory is mostly pinned.
+_RECLAIMABLE = ("file_mapped", "file_unmapped")
+_UNRECLAIMABLE = ("anon", "shmem", "kernel", "sock")
+
+
+def composition_parts(parts: list[tuple[str, int]], fmt: Callable[[int], str]) -> str:
+    """The limiting cgroup's parts, named, and what of them was reclaimable."""
+    named = ", ".join(f"{COMPOSITION_KEYS.get(k, k)} {fmt(b)}" for k, b in parts)
+    return named + _reclaimable(parts, fmt)
+
+
+def _reclaimable(parts: list[tuple[str, int]], fmt: Callable[[int], str]) -> str:
+    got = dict(parts)
+    if not any(k in got for k in _RECLAIMABLE):
+        return ""
+    free = sum(got.get(k, 0) for k in _RECLAIMABLE)
+    pinned = sum(got.get(k, 0) for k in _UNRECLAIMABLE)
+    return f" ({fmt(free)} reclaimable page cache, {fmt(pinned)} not reclaimable)"
+
+
+def composition_source_kmsg(path: str) -> str:
+    return f"kernel OOM report: memory cgroup stats for {path or 'the OOM memcg'}"
+
+
+def composition_source_sample(path: str, after_ns: int) -> str:
+    ms = after_ns / 1e6
+    when = f"{ms:.0f} ms after the kill" if ms >= 0 else f"{-ms:.0f} ms before the kill"
+    return f"memory.stat of {path} read {when}"
+
+
+def composition_text(
+    parts: tuple[tuple[str, int], ...], limit_bytes: int | None
+) -> tuple[str, str] | None:
+    """What filled the limiting cgroup, for the summary, and what to do about it, for the
+    advice: the dominant part named in words a user acts on. None without a composition."""
+    got = dict(parts)
+    groups = {
+        "shmem": got.get("shmem", 0),
+        "file": got.get("file_mapped", 0) + got.get("file_unmapped", 0),
+        "anon": got.get("anon", 0),
+        "kernel": got.get("kernel", 0) + got.get("sock", 0),
+    }
+    used = sum(groups.values())
+    if used <= 0:
+        return None
+    total = limit_bytes or used
+    top = max(groups, key=lambda k: groups[k])
+    size, of = fmt_bytes(groups[top]), fmt_bytes(total)
+    if top == "shmem":
+        return (
+            f"{size} of the {of} were tmpfs/shared memory",
+            "files in a memory-backed filesystem (tmpfs, /dev/shm) stay charged to the cgroup "
+            "after the process dies, so the restarted process starts with them already used: "
+            "delete or cap those files (tmpfs size=, --shm-size) rather than only raising the "
+            "limit",
+        )
+    if top == "file":
+        mapped = got.get("file_mapped", 0)
+        return (
+            f"{size} of the {of} was page cache (mapped files {fmt_bytes(mapped)}), reclaimable",
+            f"the page cache (e.g. a mapped model file, {fmt_bytes(mapped)} mapped) was "
+            f"reclaimable: the anon {fmt_bytes(groups['anon'])} and "
+            f"{fmt_bytes(groups['shmem'] + groups['kernel'])} of shmem and kernel memory are "
+            "what did not fit",
+        )
+    if top == "kernel":
+        pct = 100 * groups["kernel"] // total
+        detail = ", ".join(
+            f"{name} {fmt_bytes(got[k])}"
+            for k, name in (("slab", "slab"), ("sock", "sockets"), ("pagetables", "page tables"))
+            if got.get(k)
+        )
+        return (
+            f"kernel memory was {pct}% of the {of}" + (f" ({detail})" if detail else ""),
+            "kernel memory is charged to the cgroup: look for many connections (socket "
+            "buffers), many files or directories (slab) or huge address spaces (page tables)",
+        )
+    return (
+        f"{size} of the {of} was anon memory (the processes' own allocations, not reclaimable "
+        "without swap)",
+        "the processes' own allocations filled it (not page cache or tmpfs)",
+    )

@@ -33,6 +33,7 @@ import re
 from dataclasses import dataclass, field
 
 from tracer.events import KmsgOom
+from tracer.parse.memory import normalize_stat
 
 __all__ = [
     "KilledProcess",
@@ -140,6 +141,17 @@ _USAGE_RE = re.compile(
     r"memory: usage (?P<usage>\d+)kB, limit (?P<limit>\d+)kB, failcnt (?P<failcnt>\d+)",
     re.ASCII,
 )
+# mem_cgroup_print_oom_meminfo()'s other usage lines: v1's kernel memory, v2's swap.
+_KMEM_RE = re.compile(r"kmem: usage (?P<usage>\d+)kB", re.ASCII)
+_SWAP_RE = re.compile(r"swap: usage (?P<usage>\d+)kB", re.ASCII)
+# The memory.stat dump that follows "Memory cgroup stats for <path>:", one "key value" per
+# record (seq_buf_do_printk prints each line as its own record).
+_STATS_FOR = "Memory cgroup stats for "
+_STAT_LINE_RE = re.compile(r"(?P<key>[a-z_]+) (?P<value>\d+)", re.ASCII)
+_LEGACY_STATS_RE = re.compile(
+    r"(?P<path>.*?): (?P<pairs>[a-z_]+:\d+KB(?: [a-z_]+:\d+KB)*)", re.ASCII
+)
+_LEGACY_PAIR_RE = re.compile(r"([a-z_]+):(\d+)KB", re.ASCII)
 _GROUP_RE = re.compile(
     r"Tasks in (?P<path>.*) are going to be killed due to memory\.oom\.group set", re.DOTALL
 )
@@ -261,6 +273,8 @@ class _KillContext:
     oom_memcg: str
     memcg: bool
     prefix: str  # the Killed line's own prefix, which group members repeat
+    stat: dict[str, int] = field(default_factory=dict)  # the report's memcg stat dump
+    stat_path: str = ""
 
 
 @dataclass(slots=True)
@@ -317,6 +331,11 @@ class OomAssembler:
     _choice_prefix: str | None  # prefix of the latest "Kill process" line
     _last_kill: tuple[_KillContext, int] | None  # (context, victim pid)
     _group: _Group | None
+    _stat: dict[str, int]  # the memcg stat dump, raw keys (v1 or v2 names)
+    _stat_path: str
+    _in_stat: bool  # the records now arriving are the dump's lines
+    _kmem: int | None
+    _swap: int | None
 
     def __init__(self) -> None:
         # "memory: usage X kB, limit Y kB, failcnt Z" of the current report (memcg OOMs only).
@@ -336,6 +355,11 @@ class OomAssembler:
         self._choice_prefix = None
         self._last_kill = None
         self._group = None
+        self._stat = {}
+        self._stat_path = ""
+        self._in_stat = False
+        self._kmem = None
+        self._swap = None
 
     def feed(self, rec: KmsgRecord, ts_ns: int) -> list[KmsgOom]:
         """Consume one record; return the OOM victims it completes (usually none).
@@ -347,6 +371,12 @@ class OomAssembler:
         self._last_seq = rec.seq
         msg = rec.message
 
+        if self._in_stat:
+            line = _STAT_LINE_RE.fullmatch(msg.rstrip())
+            if line is not None:
+                self._stat.setdefault(line.group("key"), int(line.group("value")))
+                return []
+            self._in_stat = False
         # Cheap substring tests first: almost every kernel message is unrelated to OOM.
         if "Killed process" in msg:
             killed = parse_killed_process_line(msg)
@@ -369,6 +399,14 @@ class OomAssembler:
                 self.last_memcg_usage = None
         elif msg.startswith("memory: usage "):
             self._on_usage(msg)
+        elif msg.startswith(_STATS_FOR):
+            self._on_stats_for(msg[len(_STATS_FOR) :].rstrip())
+        elif msg.startswith("kmem: usage "):
+            kmem = _KMEM_RE.match(msg)
+            self._kmem = int(kmem.group("usage")) * 1024 if kmem else None
+        elif msg.startswith("swap: usage "):
+            swap = _SWAP_RE.match(msg)
+            self._swap = int(swap.group("usage")) * 1024 if swap else None
         elif msg.startswith("Tasks in "):
             group = _GROUP_RE.fullmatch(msg.rstrip())
             if group is not None:
@@ -402,6 +440,19 @@ class OomAssembler:
         usage, limit, failcnt = (_int(g) for g in m.group("usage", "limit", "failcnt"))
         if usage is not None and limit is not None and failcnt is not None:
             self.last_memcg_usage = (usage, limit, failcnt)
+
+    def _on_stats_for(self, rest: str) -> None:
+        # 6.x: "<path>:" then one record per "key value" line; before 4.19 (v1) the values
+        # follow on the same line as "key:NKB" pairs.
+        self._stat = {}
+        legacy = _LEGACY_STATS_RE.fullmatch(rest)
+        if legacy is not None:
+            self._stat_path = legacy.group("path")
+            for key, kb in _LEGACY_PAIR_RE.findall(legacy.group("pairs")):
+                self._stat.setdefault(key, int(kb) * 1024)
+            return
+        self._stat_path = rest.removesuffix(":")
+        self._in_stat = True
 
     def _on_choice(self, prefix: str, pid: int | None) -> None:
         # "Kill process" opens the kill of one OOM: any group kill before it is over, and a
@@ -465,6 +516,8 @@ class OomAssembler:
         summary, task_in = self._summary, self._task_in
         self._summary = self._summary_text = None
         self._task_in = None
+        stat, stat_path = self._memcg_stat(), self._stat_path
+        self._stat, self._stat_path, self._kmem, self._swap = {}, "", None, None
         if summary is not None:
             constraint = summary.get("constraint", "")
             oom_memcg = summary.get("oom_memcg", "")
@@ -477,10 +530,30 @@ class OomAssembler:
             oom_memcg = task_in.oom_memcg
             if task_in.choice_pid is None or task_in.choice_pid == pid:
                 task_memcg = task_in.task_memcg
-        return self._context(prefix, constraint, oom_memcg, memcg_hint), task_memcg
+        ctx = self._context(prefix, constraint, oom_memcg, memcg_hint, stat, stat_path)
+        return ctx, task_memcg
+
+    def _memcg_stat(self) -> dict[str, int]:
+        """The report's stat dump in v2 names: v1's dump has ``cache``/``rss`` and their
+        ``total_`` twins, v2's has ``anon``/``file``."""
+        if not self._stat:
+            return {}
+        v1 = "rss" in self._stat or "cache" in self._stat
+        out = normalize_stat(self._stat, 1 if v1 else 2)
+        if v1 and self._kmem is not None:
+            out["kernel"] = self._kmem
+        if not v1 and self._swap is not None:
+            out["swap"] = self._swap
+        return out
 
     def _context(
-        self, prefix: str, constraint: str, oom_memcg: str, memcg_hint: bool
+        self,
+        prefix: str,
+        constraint: str,
+        oom_memcg: str,
+        memcg_hint: bool,
+        stat: dict[str, int] | None = None,
+        stat_path: str = "",
     ) -> _KillContext:
         # Kernels before 5.x print the prefix on the "Kill process" line only.
         effective_prefix = prefix or self._choice_prefix or ""
@@ -490,7 +563,14 @@ class OomAssembler:
             or bool(oom_memcg)  # oom_memcg= is printed only when a memcg was at its limit
             or effective_prefix.startswith(_MEMCG_PREFIX)
         )
-        return _KillContext(constraint=constraint, oom_memcg=oom_memcg, memcg=memcg, prefix=prefix)
+        return _KillContext(
+            constraint=constraint,
+            oom_memcg=oom_memcg,
+            memcg=memcg,
+            prefix=prefix,
+            stat=stat or {},
+            stat_path=stat_path,
+        )
 
     @staticmethod
     def _event(killed: KilledProcess, ctx: _KillContext, task_memcg: str, ts_ns: int) -> KmsgOom:
@@ -507,4 +587,6 @@ class OomAssembler:
             shmem_rss_kb=killed.shmem_rss_kb,
             oom_score_adj=killed.oom_score_adj,
             memcg=ctx.memcg,
+            memcg_stat=dict(ctx.stat),
+            memcg_stat_path=ctx.stat_path,
         )
