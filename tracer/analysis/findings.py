@@ -92,6 +92,7 @@ class Verdict(msgspec.Struct, frozen=True, gc=False):
     disagreements: tuple[str, ...] = ()
     unit: str | None = None
     main: bool = True  # the unit's main process (its exit is a restart of the unit)
+    start_ns: int | None = None  # the process's start (a run's length, in a restart loop)
     exit_code: int | None = None
     signal: str | None = None
     sender_pid: int | None = None
@@ -156,6 +157,7 @@ def verdict(ex: Exit, f: Finding, unit: str | None, main: bool) -> Verdict:
         disagreements=f.disagreements,
         unit=unit,
         main=main,
+        start_ns=ex.start_ns or None,
         exit_code=f.exit_code if f.exit_code is not None else ws.code,
         signal=sig,
         sender_pid=f.sender_pid,

@@ -95,7 +95,12 @@ def agent(
 @click.option("--since", default=None, help="Only verdicts this recent: 30m, 2h, 7d.")
 @click.option("--unit", default=None, help="Only units whose name contains this.")
 @click.option("--cause", default=None, help="Only this cause (cgroup_oom, probe_kill, ...).")
-@click.option("--restarts", is_flag=True, help="List restarts instead of verdicts.")
+@click.option(
+    "--restarts",
+    is_flag=True,
+    help="Each unit's crash loop instead of verdicts: runs, causes, how long each lived, peaks,"
+    " back-off, and a leak that survives restarts; in full with --unit.",
+)
 @click.option("--json", "as_json", is_flag=True, help="The entries as JSON (schema 1).")
 @_friendly
 def history(
@@ -133,6 +138,16 @@ def history(
         cause=cause,
         kind="restart" if restarts else "verdict",
     )
+    if restarts:  # each unit's crash loop (tracer/agent/loops.py), with the restart entries
+        from tracer.agent.loops import loops_json, loops_text
+
+        scope = select(entries, since_wall=since_wall, unit=unit, kind=None)
+        if as_json:
+            doc = {"schema": 1, "state_dir": sd.path, "entries": rows, "loops": loops_json(scope)}
+            click.echo(_dumps(doc))
+        else:
+            _text(loops_text(scope, detailed=unit is not None), nl=False)
+        return
     if as_json:
         click.echo(_dumps({"schema": 1, "state_dir": sd.path, "entries": rows}))
         return

@@ -41,6 +41,7 @@ VERDICT: dict[str, Any] = {
         "disagreements": {"type": "array", "items": _STR},
         "unit": _OPT_STR,  # "docker web", "podman llm", "llama.service", ...
         "main": {"type": "boolean"},  # the unit's main process: its end is a restart
+        "start_ns": _OPT_INT,  # the process's start (CLOCK_BOOTTIME ns)
         "exit_code": _OPT_INT,
         "signal": _OPT_STR,  # "SIGKILL"
         "sender_pid": _OPT_INT,
