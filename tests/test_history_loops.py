@@ -6,12 +6,18 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 from click.testing import CliRunner
 
 from tests import streams as st
+from tests.workloads import HOG, in_cgroup
 from tracer.agent.journal import Journal, parse_lines, restart_entry, verdict_entry
 from tracer.agent.loops import backoff_shape, loops_text, restart_loops
 from tracer.agent.state import StateDir
@@ -19,11 +25,13 @@ from tracer.analysis.analyzer import Analyzer
 from tracer.analysis.findings import Restart, Verdict
 from tracer.analysis.units import label_parts
 from tracer.cli import main
+from tracer.sources.cgroupfs import CgroupLayout, ChildCgroup, own_memory_cgroup
 
 BOOT = "0123456789abcdef0123456789abcdef"
 OFFSET = 1_700_000_000 * st.S
 MiB = st.MiB
 UNIT = "docker web"
+WHYRESTART = [sys.executable, "-m", "tracer.cli"]
 
 
 def run_verdict(
@@ -267,3 +275,61 @@ def test_a_hostile_unit_name_cannot_reach_the_terminal(tmp_path: object) -> None
     assert r.exit_code == 0, r.output
     assert "\x1b" not in r.output and "\u202e" not in r.output
     assert orjson.loads(r.output)["loops"][0]["unit"] == evil  # JSON keeps the exact value
+
+
+# -- root: a real crash loop under the agent ---------------------------------------------------
+
+
+@pytest.mark.root
+def test_a_real_oom_crash_loop_is_summarised_by_history(
+    tmp_path: Path, layout: CgroupLayout, unprivileged: tuple[list[str], dict[str, str]]
+) -> None:
+    """The agent watching the host; a supervisor (this test) starting a hog in a memory cgroup
+    named like a systemd service three times, each OOM-killed, after 0.5 s then 1 s: `history
+    --restarts --unit` shows 3 runs, 2 restarts, each an OOM kill, and the growing back-off."""
+    from tests.test_agent_root import AgentProc, until
+
+    state = tmp_path / "state"
+    unit = f"wr-loops-{os.getpid()}.service"
+    agent = AgentProc(state)
+    try:
+        agent.wait_ready()
+        with ChildCgroup(own_memory_cgroup(layout=layout), unit, 64 * MiB, layout=layout) as cg:
+            for pause in (0.5, 1.0, None):
+                hog = subprocess.run(in_cgroup(cg, sys.executable, "-c", HOG))
+                assert hog.returncode == -signal.SIGKILL
+                if pause is not None:
+                    time.sleep(pause)
+
+        history = [*WHYRESTART, "history", "--state-dir", str(state), "--restarts", "--unit", unit]
+
+        def loop() -> dict[str, Any] | None:
+            out = subprocess.run(
+                [*history, "--json"],
+                capture_output=True,
+                check=True,
+            ).stdout
+            loops = orjson.loads(out)["loops"]
+            done = loops and loops[0]["restarts"] == 2 and len(loops[0]["causes"]) > 0
+            return loops[0] if done and sum(loops[0]["causes"].values()) == 3 else None
+
+        until(lambda: loop() is not None, timeout=60)
+        text = subprocess.run(
+            history,
+            capture_output=True,
+            check=True,
+            text=True,
+        ).stdout
+        print(text)  # (shown with -s, and when the test fails)
+        assert agent.stop()[0] == 0
+    finally:
+        if agent.proc.poll() is None:
+            agent.proc.kill()
+    found = loop()
+    assert found is not None
+    assert found["unit"] == f"systemd {unit}" and found["causes"] == {"cgroup_oom": 3}
+    assert [r["limit_bytes"] for r in found["runs"]] == [64 * MiB] * 3
+    assert all(r["lived_ns"] and r["lived_ns"] > 0 for r in found["runs"])
+    gaps = found["backoff_ns"]
+    assert len(gaps) == 2 and gaps[1] > gaps[0] >= 0.5 * 1e9
+    assert f"systemd {unit}: 3 runs, 2 restarts; cgroup_oom 3x" in text, text
