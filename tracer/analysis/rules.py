@@ -303,12 +303,19 @@ def init_exit(v: ExitView) -> Finding | None:
         return None
     if child.signal != signal_name(code - 128) or not 0 <= ex.ts - child.ts <= SETTLE_NS:
         return None
+    summary = say.passed_on(code, child.pid, child.comm, child.summary)
+    return _passed_on(child, summary, [v.exit_ev], code)
+
+
+def _passed_on(child: Verdict, summary: str, more: list[Evidence_], code: int) -> Finding:
+    """Another process's death as this exit's cause: its cause, facts and evidence, at medium
+    at most (the link is inferred), with this exit's own evidence added."""
     return Finding(
         child.cause,
         MEDIUM if child.confidence != LOW else LOW,
-        say.passed_on(code, child.pid, child.comm, child.summary),
+        summary,
         child.advice,
-        tuple(sorted([*child.evidence, v.exit_ev])),
+        tuple(sorted([*child.evidence, *more])),
         disagreements=child.disagreements,
         sender_pid=child.sender_pid,
         sender_comm=child.sender_comm,
@@ -352,27 +359,8 @@ def related_exit(v: ExitView, had_oom: bool) -> Finding | None:
     gap = ex.ts - child.ts
     oom = child.cause in _OOM_CAUSES
     line = say.related_death(code, gap, child.pid, child.comm, ppid == ex.pid, oom, child.signal)
-    return Finding(
-        child.cause,
-        MEDIUM if child.confidence != LOW else LOW,
-        say.related_death_summary(line, child.summary),
-        child.advice,
-        tuple(sorted([*child.evidence, v.exit_ev, (ex.ts, line)])),
-        disagreements=child.disagreements,
-        sender_pid=child.sender_pid,
-        sender_comm=child.sender_comm,
-        sender_role=child.sender_role,
-        limit_cgroup=child.limit_cgroup,
-        limit_scope=child.limit_scope,
-        limit_bytes=child.limit_bytes,
-        usage_bytes=child.usage_bytes,
-        peak_bytes=child.peak_bytes,
-        peak_ts=child.peak_ts,
-        breakdown=child.breakdown,
-        stall_ns=child.stall_ns,
-        host_available=child.host_available,
-        exit_code=code,
-    )
+    summary = say.related_death_summary(line, child.summary)
+    return _passed_on(child, summary, [v.exit_ev, (ex.ts, line)], code)
 
 
 def handled_stop(v: ExitView) -> Finding | None:
