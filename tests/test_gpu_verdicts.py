@@ -1,4 +1,5 @@
-"""Tier 1: the GPU verdict rules (tracer/analysis/gpu.py) on synthetic event streams.
+"""Tier 1: the GPU verdict rules (tracer/analysis/rules/gpu.py; their store:
+tracer/analysis/gpu_store.py) on synthetic event streams.
 
 gpu_oom needs failed device allocations *and* a non-zero exit or an abort of that process; a
 recovered GPU OOM is an event, not a verdict; device_reset needs a lost GPU / Xid 79 near the
@@ -27,9 +28,10 @@ from tests.streams import (
     sent,
     xid,
 )
-from tracer.analysis import gpu as gpu_rules
 from tracer.analysis.analyzer import DEVICE_RESET, GPU_OOM
+from tracer.analysis.gpu_store import PER_PID, GpuStore
 from tracer.events import SI_TKILL, Event, from_record
+from tracer.outputs.text import describe_gpu
 
 
 def test_cause_names_match_the_verdict_module() -> None:
@@ -331,33 +333,31 @@ def test_verdicts_survive_the_trace_format() -> None:
 
 
 def test_the_store_is_bounded_per_pid() -> None:
-    store = gpu_rules.GpuStore()
-    for i in range(3 * gpu_rules.PER_PID):
+    store = GpuStore()
+    for i in range(3 * PER_PID):
         store.add(gpu_fail(i / 1000, 100, failures=i + 1))
-    assert len(store.by_pid[100].failures) == gpu_rules.PER_PID
+    assert len(store.by_pid[100].failures) == PER_PID
     # the count comes from the kernel's own counter when the store dropped some
     v = one(*(gpu_fail(i / 1000, 100, failures=i + 1) for i in range(300)), exit_code(1, 100, 1))
     assert "300 device allocations failed" in v.summary
 
 
 def test_timeline_lines_for_gpu_events() -> None:
-    assert gpu_rules.describe_event(gpu_fail(1.0, 100, requested=2 * GiB, held=70 * GiB)) == (
+    assert describe_gpu(gpu_fail(1.0, 100, requested=2 * GiB, held=70 * GiB)) == (
         "gpu     pid 100 (app) cuMemAlloc_v2 of 2.0 GiB: CUDA_ERROR_OUT_OF_MEMORY with "
         "70.0 GiB held (failure 1 in a row) [uprobe]"
     )
-    assert gpu_rules.describe_event(gpu_recovered(1.1, 100)) == (
+    assert describe_gpu(gpu_recovered(1.1, 100)) == (
         "gpu     pid 100 (app) recovered GPU OOM: cuMemAlloc_v2 of 1.0 GiB succeeded after "
         "1 failure [uprobe]"
     )
-    assert gpu_rules.describe_event(gpu_lib(0.5, 100)) == (
+    assert describe_gpu(gpu_lib(0.5, 100)) == (
         "gpu     pid 100 maps /usr/lib/x86_64-linux-gnu/libcuda.so.1: 1/8 allocation entry "
         "points probed"
     )
-    assert gpu_rules.describe_event(xid(5.0, 79, pid=100)) == (
+    assert describe_gpu(xid(5.0, 79, pid=100)) == (
         "xid     Xid 79 on 0000:3b:00: GPU has fallen off the bus (pid 100, app) [kmsg]"
     )
-    assert (
-        gpu_rules.describe_event(gpu_lost(5.0)) == "gpu     GPU GPU-fake-0000: GPU is lost [nvml]"
-    )
-    assert gpu_rules.describe_event(gpu_sample(1.0, used=GiB)) is None
-    assert gpu_rules.describe_event(exit_code(1.0, 100, 0)) is None
+    assert describe_gpu(gpu_lost(5.0)) == "gpu     GPU GPU-fake-0000: GPU is lost [nvml]"
+    assert describe_gpu(gpu_sample(1.0, used=GiB)) is None
+    assert describe_gpu(exit_code(1.0, 100, 0)) is None

@@ -11,7 +11,7 @@ import signal
 from msgspec.structs import replace
 
 from tests.streams import killed, one, sent
-from tracer.analysis.rules import SI_SIGIO, SI_TIMER
+from tracer.analysis.rules.signals import SI_SIGIO, SI_TIMER
 from tracer.events import SI_KERNEL
 
 

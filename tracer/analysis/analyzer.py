@@ -6,7 +6,7 @@ It wires the parts of the analysis together and owns *when* an exit is judged:
 * the evidence store (tracer/analysis/evidence.py) keeps what was seen, bounded;
 * the process and unit table (tracer/analysis/processes.py) knows processes, units, main
   processes and restarts;
-* the rules (tracer/analysis/rules.py, tracer/analysis/gpu.py) turn one exit and its evidence
+* the rules (tracer/analysis/rules/) turn one exit and its evidence
   view into a finding, worded by tracer/analysis/wording.py;
 * the verdict factory (tracer/analysis/findings.py) makes the verdict;
 * retention (tracer/analysis/retention.py) decides which verdicts are kept.

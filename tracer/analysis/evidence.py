@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from tracer.analysis import units
-from tracer.analysis.gpu import GpuStore
+from tracer.analysis.gpu_store import GpuStore
 from tracer.analysis.quantities import STALL_KINDS, stall_total_ns
 from tracer.events import (
     CgroupInfo,
@@ -91,7 +91,7 @@ class Evidence:
         # id, and cumulative oom_kill counters (the newest reading per cgroup id)
         self.runtime_exits: dict[int, list[RuntimeExit]] = {}
         self.oom_counts: dict[int, OomKillCount] = {}
-        self.gpu = GpuStore()  # GPU events: tracer/analysis/gpu.py
+        self.gpu = GpuStore()  # GPU events: tracer/analysis/gpu_store.py
         self.evicted = 0
         # what the store does with each kind of event it keeps (the analyzer calls these)
         self.intake = self._dispatch()

@@ -1,7 +1,7 @@
 """What the analysis concludes, as data: the causes, a rule's ``Finding``, the ``Verdict`` and
 ``Restart`` every output shows, and the one factory that makes a verdict of a finding. Pure.
 
-A rule (tracer/analysis/rules.py, tracer/analysis/gpu.py) sees one exit and an evidence view
+A rule (tracer/analysis/rules/) sees one exit and an evidence view
 and returns a ``Finding``: the cause, its confidence and words, and what it measured. The exit's
 own facts (pid, comm, time, status) and the unit it belongs to are added here, by ``verdict``,
 so that no rule builds a ``Verdict`` by hand.
@@ -47,11 +47,12 @@ CONFIDENCES = (HIGH, MEDIUM, LOW)
 Evidence_ = tuple[int, str]  # (timestamp of the event, what it says)
 
 
-class Finding(msgspec.Struct, gc=False):
+class Finding(msgspec.Struct, frozen=True, gc=False):
     """A rule's conclusion about one exit, without the exit's own facts (``verdict`` adds them).
 
     ``signal`` is left None by the rules that do not decide it: the factory names the exit's
-    terminating signal then. (A msgspec Struct, as ``Verdict``: a replay judges thousands.)"""
+    terminating signal then. (A frozen msgspec Struct, as ``Verdict``: a replay judges
+    thousands; a rule that refines another's finding makes a new one, ``rules.view.amend``.)"""
 
     cause: str
     confidence: str

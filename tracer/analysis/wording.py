@@ -1,7 +1,8 @@
 """Every sentence the verdict rules say: summaries, advice, evidence lines and disagreements.
-Pure string work, kept apart from the rules (tracer/analysis/rules.py) so that a rule reads as
-its logic and the words can change without touching it. (The GPU rules' words are in
-tracer/analysis/gpu.py, beside the one rule family that uses them.)
+Pure string work, kept apart from the rules (tracer/analysis/rules/) so that a rule reads as
+its logic and the words can change without touching it. (The GPU rules' verdict words are in
+tracer/analysis/rules/gpu.py, beside the one rule family that uses them; the words a GPU event
+and a verdict share are here.)
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from collections.abc import Callable
 
 from tracer.analysis.quantities import fmt_bytes, fmt_duration
 from tracer.analysis.senders import ROLE_KUBELET, ROLE_OOM_DAEMON, ROLE_SUPERVISOR, Sender
-from tracer.events import Exit, KmsgOom, OomKill, ProbeSample, signal_name
+from tracer.events import Exit, GpuLost, GpuXid, KmsgOom, OomKill, ProbeSample, signal_name
+from tracer.parse.xid import xid_meaning
 
 # -- exits -----------------------------------------------------------------------------------
 
@@ -507,7 +509,7 @@ def supervisor_text(who: str, how: str) -> tuple[str, str]:
 
 def sender_text(who: Sender, how: str, sender_comm: str, sender_pid: int) -> tuple[str, str]:
     """A kill by another process, worded by who sent it."""
-    if who.role == ROLE_OOM_DAEMON:  # (a userspace_oom: rules.userspace_oom words it)
+    if who.role == ROLE_OOM_DAEMON:  # (a userspace_oom: rules/supervisors.py words it)
         return userspace_oom_text(who.description, how, "", False)
     if who.role == ROLE_KUBELET:
         return kubelet_text(how)
@@ -608,8 +610,8 @@ def memory_at_kill(breakdown: tuple[tuple[str, int], ...], fmt: Callable[[int], 
     return "; ".join(said)
 
 
-# What each part of the limiting cgroup's composition is called (rules.split_stat's keys; the
-# older "file" of traces recorded before the split keeps its name).
+# What each part of the limiting cgroup's composition is called (the keys of split_stat in
+# rules/composition.py; the older "file" of traces recorded before the split keeps its name).
 COMPOSITION_KEYS = {
     "anon": "anon",
     "shmem": "tmpfs/shared memory",
@@ -704,3 +706,26 @@ def composition_text(
         "without swap)",
         "the processes' own allocations filled it (not page cache or tmpfs)",
     )
+
+
+# -- the GPU ---------------------------------------------------------------------------------
+
+
+def n_failures(n: int) -> str:
+    """ "3 failures", "1 failure"."""
+    return f"{n} failure{'s' if n != 1 else ''}"
+
+
+def gpu_down(e: GpuXid | GpuLost) -> str:
+    """A lost device or an Xid as the driver reports it: "Xid 79 on 0000:3b:00: GPU has fallen off
+    the bus", "GPU 0000:3b:00: GPU is lost"."""
+    if isinstance(e, GpuXid):
+        dev = f" on {e.device}" if e.device else ""
+        return f"Xid {e.xid}{dev}: {xid_meaning(e.xid)}"
+    dev = f" {e.device}" if e.device else ""
+    what = {
+        "gpu_is_lost": "GPU is lost",
+        "reset_required": "GPU requires a reset",
+        "fallen_off_bus": "GPU has fallen off the bus",
+    }.get(e.reason, e.reason)
+    return f"GPU{dev}: {what}"

@@ -10,7 +10,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 
 from tracer import safetext
-from tracer.analysis import gpu as gpu_rules
+from tracer.analysis import wording as say
 from tracer.analysis.analyzer import Restart, Verdict, describe_status
 from tracer.analysis.quantities import fmt_bytes, fmt_offset
 from tracer.analysis.wording import lost_records, memory_at_kill, stall_kind
@@ -23,6 +23,12 @@ from tracer.events import (
     Exec,
     Exit,
     Fork,
+    GpuAllocFailure,
+    GpuCallFailure,
+    GpuLibrary,
+    GpuLost,
+    GpuOomRecovered,
+    GpuXid,
     KmsgOom,
     Lost,
     OomKill,
@@ -35,6 +41,7 @@ from tracer.events import (
     signal_name,
     signal_result_name,
 )
+from tracer.parse import cuda
 
 
 class Clock:
@@ -125,7 +132,45 @@ def describe(ev: Event, cgroup_path: Callable[[int], str | None]) -> str | None:
         return None
     if isinstance(ev, CgroupInfo):
         return None
-    return gpu_rules.describe_event(ev)  # GPU events; None for samples and the rest
+    return describe_gpu(ev)  # GPU events; None for samples and the rest
+
+
+def describe_gpu(ev: Event) -> str | None:
+    """One timeline line for a GPU event; None for samples (shown as numbers, not lines) and for
+    events that are not GPU events."""
+    if isinstance(ev, GpuAllocFailure):
+        return (
+            f"gpu     pid {ev.pid} ({ev.comm}) {ev.function} of {fmt_bytes(ev.requested_bytes)}: "
+            f"CUDA_ERROR_OUT_OF_MEMORY with {fmt_bytes(ev.held_bytes)} held "
+            f"(failure {ev.failures} in a row) [uprobe]"
+        )
+    if isinstance(ev, GpuOomRecovered):
+        return (
+            f"gpu     pid {ev.pid} ({ev.comm}) recovered GPU OOM: {ev.function} of "
+            f"{fmt_bytes(ev.requested_bytes)} succeeded after {say.n_failures(ev.failures)} "
+            "[uprobe]"
+        )
+    if isinstance(ev, GpuCallFailure):
+        size = f" of {fmt_bytes(ev.requested_bytes)}" if ev.requested_bytes else ""
+        return (
+            f"gpu     pid {ev.pid} ({ev.comm}) {ev.function}{size}: "
+            f"{cuda.name(ev.result)} ({ev.result}) [uprobe]"
+        )
+    if isinstance(ev, GpuLibrary):
+        if ev.error and not ev.probed:
+            return f"gpu     pid {ev.pid} maps {ev.path}: not probed ({ev.error})"
+        probed = {name.split("=")[0] for name in ev.probed.split(",")}
+        n = len(probed & set(cuda.ALLOC_FUNCTIONS))
+        return (
+            f"gpu     pid {ev.pid} maps {ev.path}: {n}/{len(cuda.ALLOC_FUNCTIONS)} allocation "
+            "entry points probed"
+        )
+    if isinstance(ev, GpuXid):
+        who = f" (pid {ev.pid}{', ' + ev.proc_name if ev.proc_name else ''})" if ev.pid else ""
+        return f"xid     {say.gpu_down(ev)}{who} [{ev.source}]"
+    if isinstance(ev, GpuLost):
+        return f"gpu     {say.gpu_down(ev)} [{ev.source}]"
+    return None
 
 
 def timeline(
