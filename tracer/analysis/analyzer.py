@@ -29,7 +29,7 @@ from typing import Any
 
 from tracer.analysis import rules
 from tracer.analysis.eta import Eta, Forecasts
-from tracer.analysis.evidence import MAX_PIDS, Evidence
+from tracer.analysis.evidence import Evidence
 from tracer.analysis.findings import (
     APP_EXIT,
     CGROUP_OOM,
@@ -48,11 +48,10 @@ from tracer.analysis.findings import (
     Verdict,
     verdict,
 )
-from tracer.analysis.processes import Proc, ProcessTable
+from tracer.analysis.processes import Pending, ProcessTable
 from tracer.analysis.retention import MAX_CLEAN_KEPT, MAX_KEPT, Retention
 from tracer.analysis.rules import SETTLE_NS
-from tracer.analysis.senders import IS_PLUMBING, SELF_EXE
-from tracer.analysis.units import UNSET, UnitName
+from tracer.analysis.units import UnitName
 from tracer.analysis.wording import describe_status
 from tracer.events import (
     CgroupInfo,
@@ -99,9 +98,9 @@ UNJUDGED_NS = 60 * SECOND  # an exit not judged this long after it ended never w
 class Analyzer:
     """Feed events in time order with ``feed``; call ``finish`` at the end of the stream.
 
-    Large on purpose (over 400 lines): the rules, words, process table and retention live in
-    their own modules; what stays here is when each exit is judged (the settle window, the
-    rounds, early OOM judging, restarts) around the one inline loop a replay runs per event."""
+    The rules, words, process table (with each process's and unit's lifecycle) and retention
+    live in their own modules; what stays here is when each exit is judged: the settle window,
+    the rounds, early OOM judging, the restarts handed on."""
 
     def __init__(
         self,
@@ -125,13 +124,6 @@ class Analyzer:
         self.early_oom = early_oom
         self.probe_failures = probe_failures
         self.warnings: list[str] = []  # what was set aside (absurd timestamps)
-        # unit key -> the last verdict on a process there killed by a signal (its init may
-        # pass the death on as its own exit code)
-        self._deaths: dict[str, Verdict] = {}
-        # unit key -> the last few deaths by a signal of processes there that are not its main
-        # process, with each one's parent pid (a main process's non-zero exit soon after may be
-        # their consequence: rules.related_exit)
-        self._related: dict[str, deque[tuple[Verdict, int]]] = {}
         self._held: Event | None = None  # a record far ahead of the stream, not yet trusted
         self.set_aside = 0  # records set aside for an absurd timestamp
         self._now = 0  # stream time of the last round
@@ -141,7 +133,7 @@ class Analyzer:
         self.supervisor_pids = frozenset(supervisor_pids)
         # exits waiting to be judged, with their unit and whether they were its main process
         # (decided at the exit, before a successor runs)
-        self._pending: deque[_Pending] = deque()
+        self._pending: deque[Pending] = deque()
         self._pruned = 0
         self._next_round = 0  # stream time of the next round of judging
         # one dispatch per event: the evidence store's intake, or a handler of ours that calls
@@ -261,19 +253,15 @@ class Analyzer:
 
     def feed_many(self, events: Iterable[Event]) -> list[Verdict]:
         """``feed`` each event; returns the verdicts they made due. The one loop every event
-        goes through. Fork, exec and exit events are most of any trace (a replay feeds a
-        million of them): the process table is kept up to date here, inline, and exits are
-        queued for judging; other events go to their handler. (Longer than a function should
-        be, on purpose: a call per fork, exec and exit would cost a replay 10-20%.)"""
+        goes through: fork, exec and exit (most of any trace: a replay feeds a million) go to
+        the process table, an exit is then queued for judging, other events go to their
+        handler, and a round of judging runs when the stream has moved on."""
         on_get = self._on.get
         out: list[Verdict] = []
         next_round = self._next_round
         table = self.table
-        procs, new_proc = table.procs, table.new_proc
-        pending, first, main_exit = self._pending, table.first, table.main_exit
-        named, find_unit, is_main = table.named, table.find_unit, table.is_main
-        is_plumbing = IS_PLUMBING
-        evicted = 0
+        fork, execd, exited = table.fork, table.exec, table.exit
+        pending = self._pending
         ev: Any  # (narrowed by ``cls is ...``, which mypy does not follow)
         for ev in events:
             ts = ev.ts
@@ -289,68 +277,13 @@ class Analyzer:
                 next_round = self._next_round
             cls = type(ev)
             if cls is Fork:
-                # a new process, even where its pid was used before; its parent was seen now
-                ppid = ev.parent_pid
-                parent = procs.get(ppid)
-                if parent is None:
-                    new_proc(Proc(ppid, ev.comm, 0, ev.cgroup_id))
-                else:
-                    procs.move_to_end(ppid)
-                    if not parent.comm:
-                        parent.comm, parent.cgroup_id = ev.comm, ev.cgroup_id
-                child = ev.child_pid
-                procs.pop(child, None)
-                procs[child] = Proc(child, ev.comm, ppid, ev.cgroup_id, ev.ts)
-                if len(procs) > MAX_PIDS:  # (new_proc, inlined)
-                    procs.popitem(last=False)
-                    evicted += 1
+                fork(ev)
             elif cls is Exit:
-                pid = ev.pid
-                proc = procs.get(pid)
-                if proc is None:
-                    proc = new_proc(Proc(pid, ev.comm, ev.ppid, ev.cgroup_id, ev.start_ns))
-                else:  # (not moved up the table: an ended process goes before the live ones)
-                    proc.comm, proc.cgroup_id = ev.comm, ev.cgroup_id
-                    # (the parent it was forked by: a reparented process's exit names its
-                    # new parent, systemd or a subreaper, and must not look like a main)
-                    if not proc.ppid:
-                        proc.ppid = ev.ppid
-                    if not proc.start_ts:
-                        proc.start_ts = ev.start_ns
-                # (a container runtime's own setup processes ending normally are not judged)
-                if ev.status != 0 or not is_plumbing[ev.comm]:
-                    # (a cgroup that names its unit decides, even when the runtime named it
-                    # after this process started)
-                    unit = named.get(proc.cgroup_id) or proc.unit
-                    if unit is UNSET:
-                        unit = proc.unit = find_unit(proc)
-                    # (a runtime's setup process is never a unit's main process: a `docker
-                    # exec` health check caught in runc init when the container's init dies is
-                    # killed with it, after the main process, and is no run of the container)
-                    main = not is_plumbing[ev.comm] and is_main(pid, proc, unit)
-                    pending.append((ev.ts, pid, ev, unit, main))
-                    # (a command tree is not restarted by anyone: no need to remember its end)
-                    if main and unit is not None and unit.kind != "command":
-                        main_exit(pid, ev.ts, proc.start_ts, ev.status, unit)
-                        if first.get(proc.cgroup_id) == pid:
-                            del first[proc.cgroup_id]  # the next program there is the new main
+                judged = exited(ev)
+                if judged is not None:
+                    pending.append(judged)
             elif cls is Exec:
-                # a process starts being what it is (and which unit it belongs to) at exec
-                pid = ev.pid
-                proc = procs.get(pid)
-                if proc is None:
-                    proc = new_proc(Proc(pid, ev.comm, 0, ev.cgroup_id, ev.ts, ev.filename))
-                else:
-                    procs.move_to_end(pid)
-                    proc.comm, proc.cgroup_id, proc.filename = ev.comm, ev.cgroup_id, ev.filename
-                    proc.unit = UNSET
-                    if not proc.start_ts:
-                        proc.start_ts = ev.ts
-                if not is_plumbing[ev.comm] and ev.filename != SELF_EXE:
-                    first.setdefault(ev.cgroup_id, pid)
-                    unit = proc.unit = named.get(proc.cgroup_id) or find_unit(proc)
-                    if unit is not None and is_main(pid, proc, unit):
-                        table.new_main(ev, unit)
+                execd(ev)
             else:
                 on = on_get(cls)
                 if on is not None:
@@ -358,7 +291,6 @@ class Analyzer:
             if due:
                 out += self._round(ts)
                 next_round = self._next_round
-        table.evicted += evicted
         return out
 
     def _hold(self, ev: Event) -> list[Event] | None:
@@ -474,12 +406,13 @@ class Analyzer:
                 take(popleft())
         return self._judge_list(due)
 
-    def _judge_list(self, due: list[_Pending]) -> list[Verdict]:
+    def _judge_list(self, due: list[Pending]) -> list[Verdict]:
         """Judge these exits, in time order."""
         due.sort(key=_exit_order)  # (they arrive nearly in order: linear then)
         out: list[Verdict] = []
         ev, kept = self.ev, self.kept
         checks, note_cause = self.table.checks, self.table.note_cause
+        related = self.table.related
         by_pid, gpu = ev.by_pid, ev.gpu
         # Without every_verdict, verdicts that retention would not keep are only counted,
         # without being judged (a busy host's --all trace is mostly those, and a replay of one
@@ -504,7 +437,7 @@ class Analyzer:
                 and not (restartable and status >> 8 > 128)  # (an init passing a death on)
                 and (drop_any or (drop_clean and status == 0))
                 # (nor a main process's exit a death in its unit may explain: related_exit)
-                and not (status and main and unit is not None and unit.key in self._related)
+                and not (status and main and unit is not None and unit.key in related)
             ):
                 if restartable:
                     note_cause(pid, ex.ts, APP_EXIT)  # a restart may name it
@@ -546,28 +479,18 @@ class Analyzer:
             unlabelled_probes=label is not None and table.sole_unit() == label,
             main=main,
             init_exit=table.main_exits.get(key) if key else None,
-            child_death=self._deaths.get(key) if key and main else None,
-            related_deaths=tuple(self._related.get(key, ())) if key and main else (),
+            child_death=table.deaths.get(key) if key and main else None,
+            related_deaths=tuple(table.related.get(key, ())) if key and main else (),
             # (who started it, and what it runs: only a death by a signal asks)
             ancestors=table.ancestors(ex.pid, ex.ppid) if ex.status & 0x7F else frozenset(),
             exe_of=table.exe_of,
         )
         v = verdict(ex, rules.decide(view), label, main)
         if key is not None and not main and v.signal is not None:
-            deaths = self._deaths
-            if len(deaths) >= 4096:
-                deaths.clear()
-            deaths[key] = v
-            related = self._related
-            if len(related) >= 4096:
-                related.clear()
-            related.setdefault(key, deque(maxlen=rules.RELATED_DEATHS_KEPT)).append((v, ex.ppid))
+            table.note_death(key, v, ex.ppid)
         return v
 
 
 _OOM_CAUSES = frozenset((CGROUP_OOM, GLOBAL_OOM, NUMA_OOM))
 
-# an exit waiting to be judged: its time and pid (the order exits are judged in), the exit, its
-# unit and whether it was the unit's main process (decided at the exit, before a successor ran)
-_Pending = tuple[int, int, Exit, UnitName | None, bool]
 _exit_order = operator.itemgetter(0, 1)

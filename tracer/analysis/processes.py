@@ -1,8 +1,9 @@
 """The process and unit table: which processes exist, which unit (container, service, program
 under a supervisor, recorded command) each belongs to, which is a unit's main process, and the
-restarts that follow from main processes ending and starting. Pure: kept up to date from
-fork, exec and exit events (by the analyzer's loop, inline: they are most of any trace) and
-from the runtimes' ``UnitInfo``.
+restarts that follow from main processes ending and starting, and the recent deaths in each
+unit that a main process's exit may pass on. Pure: kept up to date from fork, exec and exit
+events (``fork``, ``exec``, ``exit``: called by the analyzer's loop for most of any trace, so
+they are written for speed) and from the runtimes' ``UnitInfo``.
 
 A unit's *main process* is the first program started in a container's cgroup, else the first
 process in the unit whose parent is outside it; when the main process exits and a new one
@@ -11,23 +12,30 @@ starts in the same unit, that is a restart.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterable
 
 import msgspec
 
 from tracer.analysis import senders, units
 from tracer.analysis.evidence import MAX_PIDS, Evidence
-from tracer.analysis.findings import Restart
-from tracer.analysis.senders import IS_PLUMBING
+from tracer.analysis.findings import Restart, Verdict
+from tracer.analysis.senders import IS_PLUMBING, SELF_EXE
 from tracer.analysis.units import CONTAINER_KINDS, UNSET, UnitName, unit_of_cgroup
-from tracer.events import Exec
+from tracer.events import Exec, Exit, Fork
 
 SECOND = 1_000_000_000
 HELPER_NS = 2 * SECOND  # a systemd unit's main process this short-lived and clean is a helper
 # the causes of main-process exits kept for the restarts that will name them: bounded, the
 # oldest go first (an always-on agent sees a unit's main process end many thousands of times)
 MAX_CAUSES = 65536
+MAX_UNIT_DEATHS = 4096  # units whose recent deaths are remembered (cleared when full)
+RELATED_DEATHS_KEPT = 8  # deaths remembered per unit (the first of a cascade is the cause)
+
+
+# an exit waiting to be judged: its time and pid (the order exits are judged in), the exit, its
+# unit and whether it was the unit's main process (decided at the exit, before a successor ran)
+Pending = tuple[int, int, Exit, UnitName | None, bool]
 
 
 class Proc(msgspec.Struct, gc=False):
@@ -72,6 +80,97 @@ class ProcessTable:
         # the cgroups among those that name their unit themselves (a container, a systemd
         # unit): every process in one belongs to it, which the analyzer's loop looks up inline
         self.named: dict[int, UnitName] = {}
+        # unit key -> the last death by a signal of a process there that is not its main
+        # process (its init may pass the death on as its own exit code: rules.exits.init_exit)
+        self.deaths: dict[str, Verdict] = {}
+        # unit key -> the last few such deaths, with each one's parent pid (a main process's
+        # non-zero exit soon after may be their consequence: rules.exits.related_exit)
+        self.related: dict[str, deque[tuple[Verdict, int]]] = {}
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def fork(self, ev: Fork) -> None:
+        """A new process, even where its pid was used before; its parent was seen now."""
+        procs = self.procs
+        ppid = ev.parent_pid
+        parent = procs.get(ppid)
+        if parent is None:
+            self.new_proc(Proc(ppid, ev.comm, 0, ev.cgroup_id))
+        else:
+            procs.move_to_end(ppid)
+            if not parent.comm:
+                parent.comm, parent.cgroup_id = ev.comm, ev.cgroup_id
+        child = ev.child_pid
+        procs.pop(child, None)
+        procs[child] = Proc(child, ev.comm, ppid, ev.cgroup_id, ev.ts)
+        if len(procs) > MAX_PIDS:  # (new_proc, inlined)
+            procs.popitem(last=False)
+            self.evicted += 1
+
+    def exec(self, ev: Exec) -> None:
+        """A process starts being what it is (and which unit it belongs to) at exec."""
+        procs = self.procs
+        pid = ev.pid
+        proc = procs.get(pid)
+        if proc is None:
+            proc = self.new_proc(Proc(pid, ev.comm, 0, ev.cgroup_id, ev.ts, ev.filename))
+        else:
+            procs.move_to_end(pid)
+            proc.comm, proc.cgroup_id, proc.filename = ev.comm, ev.cgroup_id, ev.filename
+            proc.unit = UNSET
+            if not proc.start_ts:
+                proc.start_ts = ev.ts
+        if not IS_PLUMBING[ev.comm] and ev.filename != SELF_EXE:
+            self.first.setdefault(ev.cgroup_id, pid)
+            unit = proc.unit = self.named.get(proc.cgroup_id) or self.find_unit(proc)
+            if unit is not None and self.is_main(pid, proc, unit):
+                self.new_main(ev, unit)
+
+    def exit(self, ev: Exit) -> Pending | None:
+        """A process ended: the exit to judge, with its unit and whether it was the unit's
+        main process, decided now, before a successor runs; None for a container runtime's own
+        set-up process ending normally (not judged)."""
+        pid = ev.pid
+        proc = self.procs.get(pid)
+        if proc is None:
+            proc = self.new_proc(Proc(pid, ev.comm, ev.ppid, ev.cgroup_id, ev.start_ns))
+        else:  # (not moved up the table: an ended process goes before the live ones)
+            proc.comm, proc.cgroup_id = ev.comm, ev.cgroup_id
+            # (the parent it was forked by: a reparented process's exit names its new parent,
+            # systemd or a subreaper, and must not look like a main)
+            if not proc.ppid:
+                proc.ppid = ev.ppid
+            if not proc.start_ts:
+                proc.start_ts = ev.start_ns
+        plumbing = IS_PLUMBING[ev.comm]
+        if ev.status == 0 and plumbing:
+            return None
+        # (a cgroup that names its unit decides, even when the runtime named it after this
+        # process started)
+        unit = self.named.get(proc.cgroup_id) or proc.unit
+        if unit is UNSET:
+            unit = proc.unit = self.find_unit(proc)
+        # (a runtime's setup process is never a unit's main process: a `docker exec` health
+        # check caught in runc init when the container's init dies is killed with it, after
+        # the main process, and is no run of the container)
+        main = not plumbing and self.is_main(pid, proc, unit)
+        # (a command tree is not restarted by anyone: no need to remember its end)
+        if main and unit is not None and unit.kind != "command":
+            self.main_exit(pid, ev.ts, proc.start_ts, ev.status, unit)
+            if self.first.get(proc.cgroup_id) == pid:
+                del self.first[proc.cgroup_id]  # the next program there is the new main
+        return (ev.ts, pid, ev, unit, main)
+
+    def note_death(self, key: str, v: Verdict, ppid: int) -> None:
+        """A process of a unit, not its main process, died of a signal (``deaths``,
+        ``related``): bounded by clearing, a unit that stays busy fills its entry again."""
+        deaths, related = self.deaths, self.related
+        if len(deaths) >= MAX_UNIT_DEATHS:
+            deaths.clear()
+        deaths[key] = v
+        if len(related) >= MAX_UNIT_DEATHS:
+            related.clear()
+        related.setdefault(key, deque(maxlen=RELATED_DEATHS_KEPT)).append((v, ppid))
 
     def new_proc(self, p: Proc) -> Proc:
         """Add a process; when full, the least recently seen goes (a long-lived server that

@@ -28,13 +28,12 @@ disagreement caps a verdict at medium, whichever rule made it (``decide`` enforc
 """
 
 from tracer.analysis.rules.decide import decide
-from tracer.analysis.rules.exits import RELATED_DEATHS_KEPT, related_exit
+from tracer.analysis.rules.exits import related_exit
 from tracer.analysis.rules.oom import oom_evidence_complete
 from tracer.analysis.rules.view import PROBE_FAILURES, SETTLE_NS, ExitView, view_of
 
 __all__ = [
     "PROBE_FAILURES",
-    "RELATED_DEATHS_KEPT",
     "SETTLE_NS",
     "ExitView",
     "decide",

@@ -34,9 +34,6 @@ ALLOC_FAIL_WINDOW_NS = 10 * SECOND  # "an allocation failure preceded" the exit
 RELATED_DEATH_NS = 5 * SECOND
 
 
-RELATED_DEATHS_KEPT = 8  # deaths remembered per unit (the first of a cascade is the cause)
-
-
 def app_exit(v: ExitView, had_oom: bool) -> Finding:
     ex = v.ex
     code = ex.wait.code if ex.wait.code is not None else -1
