@@ -58,7 +58,6 @@ def signal_name(sig: int) -> str:
 SI_KERNEL = 0x80
 SI_USER = 0  # kill(2)
 SI_TKILL = -6  # tkill(2)/tgkill(2)
-SI_QUEUE = -1  # sigqueue(3)
 
 # signal_generate's result field (enum trace_signal_deliver/TRACE_SIGNAL_*, kernel/signal.c).
 SIGNAL_RESULTS = ("delivered", "ignored", "already_pending", "overflow_fail", "lose_info")

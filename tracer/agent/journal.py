@@ -120,7 +120,6 @@ class Journal:
         self.keys: set[str] = set()
         self.unwritten = 0
         self.written = 0
-        self.duplicates = 0
         self._held: list[bytes] = []
         data = b""
         with contextlib.suppress(FileNotFoundError), open(path, "rb") as f:
@@ -147,7 +146,6 @@ class Journal:
         """Append ``entry`` unless its key is already there; False for a duplicate."""
         key = str(entry["key"])
         if key in self.keys:
-            self.duplicates += 1
             return False
         self.keys.add(key)
         self._held.append(orjson.dumps(entry, option=orjson.OPT_APPEND_NEWLINE))

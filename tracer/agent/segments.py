@@ -85,7 +85,6 @@ class SegmentSink:
         self.writer: TraceWriter | None = None
         self.names: OrderedDict[tuple[str, int], Event] = OrderedDict()
         self.unwritten = 0  # events that could not be written (disk full, I/O error)
-        self.segments_written = 0
         self.last_error: str | None = None
         self._rotate_at = 0.0
         self._retry_at = 0.0
@@ -161,7 +160,6 @@ class SegmentSink:
         self._handed = 0
         self._rotate_at = now + self.segment_s
         self._flush_at = now + FLUSH_S
-        self.segments_written += 1
         if self.names:
             # stamped at the segment's start: the file stays in time order
             names = [msgspec.structs.replace(ev, ts=first_ts) for ev in self.names.values()]

@@ -56,8 +56,6 @@ PROGRAMS: dict[str, tuple[str | None, str | None]] = {
 
 # The syscall exits where a process that opened an unprobed libcuda is stopped (gpu.bpf.c).
 HOLD_PROGRAMS = ("hold_openat", "hold_open", "hold_openat2")
-# The main object's maps this one shares (same definitions in both objects).
-SHARED_MAPS = ("watched_pids", "watched_cgroups")
 # Every recorder's holds (gpu.bpf.c), pinned in bpffs by this name so that recorders share it.
 PEERS_MAP = "wr_gpu_peers"
 # Another recorder's hold older than this is ignored (that recorder is stuck or gone, and its
@@ -107,7 +105,8 @@ class GpuHooks:
         shared: dict[str, int] | None = None,
         pin_dir: str | None = None,
     ) -> None:
-        """``shared``: map name (one of SHARED_MAPS) -> the main object's descriptor of it.
+        """``shared``: map name (watched_pids, watched_cgroups: defined alike in both objects)
+        -> the main object's descriptor of it.
         ``pin_dir``: the bpffs directory where PEERS_MAP is shared with other recorders (None:
         a map of its own; two recorders holding one process then do not wait for each
         other)."""

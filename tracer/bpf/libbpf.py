@@ -108,7 +108,6 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "ring_buffer__new": (c_void_p, [c_int, SAMPLE_FN, c_void_p, c_void_p]),
     "ring_buffer__poll": (c_int, [c_void_p, c_int]),
     "ring_buffer__consume": (c_int, [c_void_p]),
-    "ring_buffer__epoll_fd": (c_int, [c_void_p]),
     "ring_buffer__free": (None, [c_void_p]),
 }
 
@@ -603,9 +602,6 @@ class RingBuffer:
         out = self._batch[:]
         self._batch.clear()
         return out
-
-    def epoll_fd(self) -> int:
-        return int(lib().dll.ring_buffer__epoll_fd(self.ptr))
 
     def free(self) -> None:
         if self.ptr:

@@ -6,8 +6,6 @@ record of the last exit and its restart count), turned into the project's own ev
 clock (``correlate``, pure), and judged by the same ``Analyzer`` that ``replay`` uses, built
 from a header the same way: the same causes, confidence rules, evidence and advice.
 ``report`` (pure) says what was found, what a recording would have added, and the command
-that records the next one.
-
-The seam for the always-on agent's journal (issue 17, not built yet) is
-``correlate.HistorySource``: events it kept are merged into the same stream.
+that records the next one. Where the always-on agent ran, its journal's verdicts about the
+target are quoted beside (``gather.agent_journal``).
 """

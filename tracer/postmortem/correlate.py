@@ -24,7 +24,7 @@ import re
 import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from tracer.analysis.units import UnitName, from_info, unit_of_cgroup
 from tracer.events import (
@@ -176,13 +176,6 @@ class ContainerLogs:
     last_line: str  # the previous container's last log line (its own words, untrusted)
 
 
-class HistorySource(Protocol):
-    """A store of events kept while no one was looking: the always-on agent's journal (issue
-    17) will be one. Whatever it returns joins the stream and is judged the same way."""
-
-    def events_for(self, target: Target, since_ns: int) -> Iterable[Event]: ...
-
-
 @dataclass(frozen=True, slots=True)
 class Facts:
     target: Target
@@ -194,7 +187,6 @@ class Facts:
     kernel_log: KernelLog
     cgroups: tuple[CgroupNow, ...] = ()  # the target's cgroups and every ancestor, now
     runtime: RuntimeState | None = None
-    history: tuple[Event, ...] = ()  # from HistorySource(s), when there are any
     # --all: the runtimes' records of the containers the kernel log's reports name
     others: tuple[RuntimeState, ...] = ()
     kubelet: tuple[ContainerLogs, ...] = ()  # --pod: the kubelet's log directories
@@ -275,7 +267,6 @@ def assemble(facts: Facts) -> Assembled:
 
     events += _kill_events(facts, ooms, ids, matched)
     events += _counter_events(facts, ooms, ids)
-    events.extend(facts.history)
     events.sort(key=lambda e: e.ts)
     return Assembled(
         events=events,

@@ -24,7 +24,6 @@ from tracer.postmortem.correlate import (
     CgroupNow,
     ContainerLogs,
     Facts,
-    HistorySource,
     KernelLog,
     LoggedOom,
     RuntimeState,
@@ -57,7 +56,6 @@ class World:
     boottime: Callable[[], int] = clock.boottime_ns
     realtime_offset: Callable[[], int] = clock.realtime_offset_ns
     monotonic_offset: Callable[[], int] = clock.monotonic_offset_ns
-    history: Sequence[HistorySource] = ()  # stores of events kept while no one looked
     agent_state: str | None = None  # the agent's state dir (None: the agent's default)
 
 
@@ -317,7 +315,6 @@ def gather(kind: str, spec: str, since_s: float | None, world: World | None = No
         )
     others = _named_containers(world, matched, now) if kind == "all" else ()
     journal_path, journal = agent_journal(world, target)
-    history = tuple(e for h in world.history for e in h.events_for(target, since))
     kubelet: tuple[ContainerLogs, ...] = ()
     if kind == "pod":
         namespace, name = spec.split("/")
@@ -333,7 +330,6 @@ def gather(kind: str, spec: str, since_s: float | None, world: World | None = No
         kernel_log=log,
         cgroups=cgroups_now(world, dict.fromkeys(paths), now),
         runtime=runtime,
-        history=history,
         kubelet=kubelet,
         others=others,
         journal_path=journal_path,

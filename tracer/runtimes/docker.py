@@ -58,7 +58,6 @@ __all__ = ["DEFAULT_SOCKET", "DockerRuntime", "docker_hosts", "info_from_docker_
 
 DEFAULT_SOCKET = "/var/run/docker.sock"
 COMPOSE_SERVICE = "com.docker.compose.service"
-COMPOSE_PROJECT = "com.docker.compose.project"
 
 
 def _context_host(config_dir: str, context: str | None) -> str | None:
