@@ -171,7 +171,7 @@ def test_container_starts_of_an_image_with_libcuda_cost_no_descriptor_and_one_re
                 )
                 assert r.returncode == 3, r.stderr  # cuInit failed: CUDA_ERROR_NO_DEVICE
                 time.sleep(0.1)  # its record drained
-                fds.append((_fds(), len(side._libraries)))
+                fds.append((_fds(), len(side.libraries.probed)))
         finally:
             stop.set()
             poller.join()
@@ -180,7 +180,7 @@ def test_container_starts_of_an_image_with_libcuda_cost_no_descriptor_and_one_re
         assert len(calls) == PODMAN_STARTS
         assert len({e.pid for e in calls}) == PODMAN_STARTS
         # one library file attached for all the starts (old: one per start) ...
-        ours = [lib for lib in side._libraries.values() if lib.path == "/cuda/libcuda.so.1"]
+        ours = [lib for lib in side.libraries.probed.values() if lib.path == "/cuda/libcuda.so.1"]
         assert len(ours) == 1
         # ... and not one descriptor more per start: the agent sees every process of this
         # shared host, so a library file of someone else's may come in between, and only then

@@ -2,7 +2,7 @@
 
 A program that loads libcuda from a path nobody probed (LD_LIBRARY_PATH) and fails its first
 allocation at once: the kernel holds it as its open of the library returns, until the recorder
-has probed the file (tracer/gpu/side.py). Measured: how many such programs had their one
+has probed the file (tracer/gpu/holds.py). Measured: how many such programs had their one
 failure caught (of the runs), how many holds were taken and not taken, and how long a held
 program waited (the footer's ``gpu_holds``: the time from its stop to its SIGCONT). The stand-in
 driver and the program are the tests' (tests/gpu/fake_cuda.c, tests/gpu/fast.c), built here.

@@ -7,12 +7,10 @@ once, starts the NVML sampler (``tracer.gpu.nvml``), and then, from the recorder
   the main object sends) and mirrors them into the GPU object's pid filter;
 * looks into /proc/PID/maps of watched processes for a libcuda they map (each new process at
   once, the others every second, a bounded number per call so a fork storm cannot stall the
-  loop) and probes every library file once: a GPU process is covered from then on;
-* resumes the processes the kernel held because they opened a libcuda file nobody probed yet
-  (``LD_LIBRARY_PATH``, a conda environment, a container's compat directory), once that file is
-  probed: their first driver call is caught however soon it comes. A guard process
-  (``tracer.gpu.holdguard``) resumes them if this process dies, and ends holds that last longer
-  than its bound;
+  loop) and probes every library file it maps: a GPU process is covered from then on
+  (each real file once: ``tracer.gpu.libraries``);
+* resumes the processes the kernel held because they opened a libcuda file nobody probed yet,
+  once that file is probed (``tracer.gpu.holds``);
 * hands back, from ``poll``, the GPU object's ring-buffer records, NVML's samples and events,
   and one ``GpuLibrary`` event per process that maps a driver library.
 
@@ -28,9 +26,6 @@ from __future__ import annotations
 import bisect
 import contextlib
 import os
-import select
-import subprocess
-import sys
 from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -52,9 +47,10 @@ from tracer.events import (
     GpuOomRecovered,
     Lost,
 )
-from tracer.gpu import holdguard, libcuda
+from tracer.gpu import libcuda
+from tracer.gpu.holds import Holds
+from tracer.gpu.libraries import Libraries
 from tracer.gpu.nvml import DEFAULT_INTERVAL_S, Clock, GpuSampler, open_nvml
-from tracer.parse import cuda
 from tracer.sources import system
 
 __all__ = ["SCAN_INTERVAL_NS", "GpuSide"]
@@ -71,20 +67,12 @@ MAX_RESCANS_PER_ROUND = 256
 # it: a node's hundred long-running non-GPU servers are not read every second (a large
 # process's maps take ~1 ms), and an unprobed libcuda opened between looks is still held by
 # the kernel until it is probed (``hold``).
-# How often the loop tells the kernel it still resumes holds (gpu.bpf.c takes none once the
-# heartbeat is 2 s old): a bpf(2) call per 250 ms, not one per loop.
-HEARTBEAT_NS = 250_000_000
-# The guard starts in ~30 ms (python -I -S, the standard library only); a loaded host may take
-# much longer, and a recorder without holds still records.
-GUARD_READY_S = 5.0
 
 
 class GpuSide:
-    """See the module docstring. Always ``close()`` it.
-
-    Large on purpose: the GPU object, the library scans, the holds and NVML share one watched
-    set and one pid filter, which is the point of having one owner (the recorder only sees its
-    source, ``tracer.pipeline.sources.GpuSource``)."""
+    """See the module docstring. Always ``close()`` it. The GPU object, the library scans, the
+    holds and NVML share one watched set and one pid filter: one owner (the recorder only sees
+    its source, ``tracer.pipeline.sources.GpuSource``)."""
 
     def __init__(
         self,
@@ -124,28 +112,18 @@ class GpuSide:
             holder=int.from_bytes(os.urandom(4), "little") | 1,
         )
         self._open_hooks(config, object_path, hold)
-        # each driver library file (libcuda.file_key: one per real file, however many
-        # containers' overlays show it) -> what probing it gave
-        self._libraries: dict[tuple[int, int, int], AttachedLibrary] = {}
+        self.libraries = Libraries(self.hooks, self.hooks_error, proc)
         self._host: dict[str, str] = {}
         if self.hooks is not None and attach_host:
             for path in libcuda.host_libraries():
-                self._host[path] = self._attach_file(path, path)
-        # holds: the guard, and what they cost
-        self._guard: subprocess.Popen[bytes] | None = None
-        self._guard_pipe: int | None = None
-        self.hold_error: str | None = None
-        self.holds_resumed = 0
-        self.hold_max_ns = 0
-        self.hold_total_ns = 0
-        self.final_holds: dict[str, Any] | None = None  # hold_summary() at close
+                self._host[path] = self.libraries.host(path)
+        self.holds: Holds | None = None
         self._held_events: list[Event] = []  # from resume_held, for the next poll
-        self._beat_ns = 0
-        self.leftovers_resumed = 0  # processes a dead recorder's holds left stopped
-        self._pid_ns_problem = system.pid_namespace_problem()
-        if self.hooks is not None and hold:
-            self._start_holding()
-        self._sweep()
+        if self.hooks is not None:
+            self.holds = Holds(self.hooks, self.libraries, proc, clock, self.warnings)
+            if hold:
+                self.holds.start()
+            self.holds.sweep()
         library = nvml_library or os.environ.get("WHYRESTART_NVML_LIBRARY") or None
         self.nvml: GpuSampler = open_nvml(nvml_interval_s, library, clock)
         self.nvml.set_pids(None if filter_all else frozenset())
@@ -241,8 +219,8 @@ class GpuSide:
             "host_libcuda": dict(self._host) or "none found",
             "hold": (
                 "ready"
-                if self._guard_pipe is not None
-                else f"unavailable: {self.hold_error or 'no uprobes'}"
+                if self.holds is not None and self.holds.armed
+                else f"unavailable: {(self.holds and self.holds.error) or 'no uprobes'}"
             ),
             "pid_filter": "shared" if "watched_pids" in self.shared else "own",
             # holds of one process by several recorders wait for each other (bpffs map)
@@ -316,10 +294,7 @@ class GpuSide:
     def poll(self, now_ns: int, final: bool = False) -> list[Event]:
         """Everything new since the last call. ``final``: the last drain, no more scanning."""
         out, self._held_events = self._held_events, []
-        if self._guard is not None and self._guard.poll() is not None:
-            self._guard = None  # the guard's parent exited (it forks the guard): reaped
-        if self._guard_pipe is not None:
-            out += self._resume_held(now_ns)
+        out += self._resume_held(now_ns)
         if self._rb is not None and self.hooks is not None:
             out += self.decoder.decode_batch(self._rb.drain(0))
             lost = self.hooks.lost_count()
@@ -330,7 +305,8 @@ class GpuSide:
         if not final:
             if now_ns >= self._next_scan:
                 self._next_scan = now_ns + SCAN_INTERVAL_NS
-                self._sweep()
+                if self.holds is not None:
+                    self.holds.sweep()
                 self._second_looks(now_ns)
                 if self._pids_dirty and not self.filter_all:
                     self.nvml.set_pids(frozenset(self._watched))
@@ -340,172 +316,25 @@ class GpuSide:
 
     # -- holds ------------------------------------------------------------------------------
 
-    def _sweep(self) -> None:
-        """Resume what the holds of a recorder that died with its guard left stopped (at start,
-        then every second: a recorder restarted at once finds them younger than the bound)."""
-        if self.hooks is None or not self.hooks.peers_shared or self._pid_ns_problem:
-            return
-        self.leftovers_resumed += len(self.hooks.sweep_leftovers(boottime_ns(), self.proc))
-
-    def _start_holding(self) -> None:
-        """Start the guard, then let the kernel hold: never a hold nobody can end."""
-        assert self.hooks is not None
-        if self._pid_ns_problem:
-            # our SIGCONT would name another process: a hold here would be for good
-            self.hold_error = f"{self._pid_ns_problem} (fix: {system.PID_NS_FIX})"
-            self.warnings.append(
-                f"processes that load libcuda from an unprobed path are not held: {self.hold_error}"
-            )
-            return
-        map_fd, peers_fd = self.hooks.held_map.fd, self.hooks.peers.fd
-        r, w = os.pipe()  # both ends close on exec: only the guard gets the read end
-        ready_r, ready_w = os.pipe()  # the guard writes a byte once it is ready
-        try:
-            self._guard = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-I",
-                    "-S",
-                    holdguard.__file__,
-                    str(map_fd),
-                    str(r),
-                    str(peers_fd),
-                    str(self.hooks.config.holder),
-                ],
-                pass_fds=(map_fd, r, peers_fd, ready_w),
-                env={**os.environ, holdguard.READY_FD_ENV: str(ready_w)},
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        except OSError as exc:
-            os.close(w)
-            os.close(ready_r)
-            self.hold_error = f"starting the hold guard: {exc.strerror}"
-            self.warnings.append(
-                f"processes that load libcuda from an unprobed path are not held: "
-                f"{self.hold_error}; their first driver calls may be missed"
-            )
-            return
-        finally:
-            os.close(r)
-            os.close(ready_w)
-        self._guard_pipe = w
-        # no hold before the guard outlives what a unit stop or an OOM group kill sends
-        ready, _, _ = select.select([ready_r], [], [], GUARD_READY_S)
-        started = bool(ready) and os.read(ready_r, 1) == b"1"
-        os.close(ready_r)
-        if not started:
-            self.hold_error = f"the hold guard did not start within {GUARD_READY_S:g} s"
-            self._stop_guard()
-            self.warnings.append(
-                "processes that load libcuda from an unprobed path are not held "
-                f"({self.hold_error}): their first driver calls may be missed"
-            )
-            return
-        if not system.has_capability(system.CAP_SYS_RESOURCE):
-            # the guard cannot set oom_score_adj -1000 (tracer/gpu/holdguard.py)
-            self.warnings.append(
-                "the hold guard is not spared by OOM kills (no CAP_SYS_RESOURCE): an OOM of "
-                "this recorder's cgroup under memory.oom.group kills it too, and what it held "
-                "is resumed only by the next recorder, about 5 s later "
-                "(fix: grant CAP_SYS_RESOURCE)"
-            )
-        errors = self.hooks.enable_holds()
-        if errors and len(errors) == 3:
-            self.hold_error = "; ".join(errors)
-            self._stop_guard()
-            self.warnings.append(
-                "processes that load libcuda from an unprobed path are not held "
-                f"({self.hold_error}): their first driver calls may be missed"
-            )
+    @property
+    def final_holds(self) -> dict[str, Any] | None:
+        """What holding cost, for the trace footer (once closed; None when it never held)."""
+        return self.holds.final if self.holds is not None else None
 
     def resume_held(self, now_ns: int) -> None:
         """Resume held processes now, without handing events over (the caller is behind):
         their ``GpuLibrary`` events come out of the next ``poll``."""
-        if self._guard_pipe is not None:
-            self._held_events += self._resume_held(now_ns)
+        self._held_events += self._resume_held(now_ns)
 
     def _resume_held(self, now_ns: int) -> list[Event]:
-        """Probe the file each held process opened, then resume it (SIGCONT, then forget the
-        hold: the guard resumes whatever is left if we die in between)."""
-        assert self.hooks is not None
+        """``Holds.resume``; a ``GpuLibrary`` event for each process not yet covered."""
         out: list[Event] = []
-        beat = boottime_ns()
-        if beat - self._beat_ns >= HEARTBEAT_NS:
-            with contextlib.suppress(WhyrestartError):
-                self.hooks.heartbeat()
-                self._beat_ns = beat
-        try:
-            held = self.hooks.held()
-        except WhyrestartError:
-            return out
-        for pid, h in held:
-            fd_path = f"{self.proc}/{pid}/fd/{h.fd}"
-            try:
-                shown = os.readlink(fd_path)
-            except OSError:
-                shown = fd_path
-            res = self._attach_file_once(fd_path, shown)
-            if res.opened:
-                # no more holds for this file (not when it could not even be looked at: the
-                # process was gone, and the next one to open it must be held again)
-                with contextlib.suppress(WhyrestartError):
-                    self.hooks.mark_probed(h.file.dev, h.file.ino)
-            self.hooks.resume(pid, self.clock())
-            took = max(0, self.clock() - h.ts_ns)
-            self.holds_resumed += 1
-            self.hold_total_ns += took
-            self.hold_max_ns = max(self.hold_max_ns, took)
-            if pid in self._covered:
-                continue
-            self._covered[pid] = now_ns
-            self._gpu_pids.add(pid)
-            aliases = [f"{a}={b}" for a, b in res.aliases.items()]
-            out.append(
-                GpuLibrary(
-                    ts=now_ns,
-                    pid=pid,
-                    path=shown,
-                    probed=",".join(res.probed + aliases),
-                    missing=",".join(res.missing),
-                    error="; ".join(res.errors),
-                )
-            )
+        for pid, shown, res in self.holds.resume() if self.holds is not None else ():
+            if pid not in self._covered:
+                self._covered[pid] = now_ns
+                self._gpu_pids.add(pid)
+                out.append(_library_event(now_ns, pid, shown, res))
         return out
-
-    def hold_summary(self) -> dict[str, Any]:
-        """What holding cost and missed, for the trace footer."""
-        taken = refused = stale = traced = 0
-        if self.hooks is not None:
-            with contextlib.suppress(WhyrestartError):
-                taken, refused, stale, traced = self.hooks.hold_counts_now()
-        return {
-            "taken": taken,
-            "not_taken": refused,
-            # openers not held: this recorder's loop had not beaten for 2 s; or ptraced
-            "spared_stale": stale,
-            "spared_traced": traced,
-            "leftovers_resumed": self.leftovers_resumed,
-            "resumed_by_recorder": self.holds_resumed,
-            "max_ms": round(self.hold_max_ns / 1e6, 3),
-            "mean_ms": round(self.hold_total_ns / 1e6 / self.holds_resumed, 3)
-            if self.holds_resumed
-            else 0.0,
-        }
-
-    def _stop_guard(self) -> None:
-        if self._guard_pipe is not None:
-            os.close(self._guard_pipe)  # end of file: the guard resumes what is left, exits
-            self._guard_pipe = None
-        if self._guard is not None:
-            # the process started is the guard's parent, which exited as soon as it forked the
-            # guard; the guard itself looks again for a second (a hold racing the close) and
-            # nobody needs to wait for that
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._guard.wait(timeout=5)
-            self._guard = None
 
     def _second_looks(self, now_ns: int) -> None:
         """Queue the watched processes not known to map libcuda (they may dlopen it any time)
@@ -544,81 +373,15 @@ class GpuSide:
                 continue
             self._covered[pid] = now_ns
             self._gpu_pids.add(pid)
-            for m in maps:
-                res = self._attach_mapping(pid, m)
-                aliases = [f"{a}={b}" for a, b in res.aliases.items()]
-                out.append(
-                    GpuLibrary(
-                        ts=now_ns,
-                        pid=pid,
-                        path=m.path,
-                        probed=",".join(res.probed + aliases),
-                        missing=",".join(res.missing),
-                        error="; ".join(res.errors),
-                    )
-                )
+            out += [
+                _library_event(now_ns, pid, m.path, self.libraries.for_mapping(pid, m))
+                for m in maps
+            ]
         return out
 
-    def _attach_mapping(self, pid: int, m: libcuda.Mapping) -> AttachedLibrary:
-        if self.hooks is None:
-            return AttachedLibrary(m.path, errors=[f"uprobes unavailable: {self.hooks_error}"])
-        path = libcuda.attach_path(pid, m, self.proc)
-        if path is None:
-            # gone before we looked: the next process mapping this file tries again
-            return AttachedLibrary(m.path, errors=["the process exited before probing"])
-        # the same key as a hold's (_attach_file_once): a file probed on either path is
-        # probed once
-        return self._attach_file_once(path, m.path)
-
-    def _attach_file_once(self, path: str, shown_as: str) -> AttachedLibrary:
-        """Probe a library file by path, once per real file (``libcuda.file_key``)."""
-        try:
-            st = os.stat(path)
-        except OSError as exc:
-            return AttachedLibrary(shown_as, errors=[f"{shown_as}: {exc.strerror}"], opened=False)
-        key = libcuda.file_key(st)
-        res = self._libraries.get(key)
-        if res is None:
-            assert self.hooks is not None
-            res = self.hooks.attach_library(path, shown_as)
-            if not res.probed and res.errors and not os.path.exists(path):
-                # the process (a /proc link) went away half-way: not this file's fault, so it
-                # is neither remembered nor marked probed, and the next opener tries again
-                res.opened = False
-                return res
-            self._libraries[key] = res
-        return res
-
-    def _attach_file(self, path: str, shown_as: str) -> str:
-        """Probe a library file by path (the host's own), once; a one-line summary. A file
-        probed here is marked probed for the kernel too: opening it holds nobody."""
-        try:
-            os.stat(path)
-        except OSError as exc:
-            return f"not probed: {exc.strerror}"
-        res = self._attach_file_once(path, shown_as)
-        if res.probed and self.hooks is not None:
-            with contextlib.suppress(OSError, WhyrestartError):
-                st = os.stat(path)
-                # the kernel's dev_t encoding (MAJOR << 20 | MINOR), as a hold names the file
-                kdev = (os.major(st.st_dev) << 20) | os.minor(st.st_dev)
-                self.hooks.mark_probed(kdev, st.st_ino)
-        if res.errors and not res.probed:
-            return "not probed: " + "; ".join(res.errors)
-        return f"{res.allocations_probed}/{len(cuda.ALLOC_FUNCTIONS)} allocation entry points"
-
     def close(self) -> None:
-        if self.hooks is not None and self._guard_pipe is not None:
-            with contextlib.suppress(WhyrestartError):
-                self.hooks.disable_holds()
-                self._resume_held(self.clock())
-            summary = self.final_holds = self.hold_summary()
-            if summary["not_taken"]:
-                self.warnings.append(
-                    f"{summary['not_taken']} processes opened an unprobed libcuda when they "
-                    "could not be held: their first driver calls may have been missed"
-                )
-        self._stop_guard()
+        if self.holds is not None:
+            self.holds.close()
         self.nvml.close()
         if self._rb is not None:
             self._rb.free()
@@ -631,3 +394,16 @@ class GpuSide:
                 f"GPU ring buffer: {self.decoder.unknown} records of unknown type and "
                 f"{self.decoder.malformed} short records were skipped"
             )
+
+
+def _library_event(now_ns: int, pid: int, path: str, res: AttachedLibrary) -> GpuLibrary:
+    """A process maps (or opened) a driver library, and what probing it gave."""
+    aliases = [f"{a}={b}" for a, b in res.aliases.items()]
+    return GpuLibrary(
+        ts=now_ns,
+        pid=pid,
+        path=path,
+        probed=",".join(res.probed + aliases),
+        missing=",".join(res.missing),
+        error="; ".join(res.errors),
+    )

@@ -581,7 +581,7 @@ class Recorder:
             lost=counters.lost,
             warnings=[*warnings, reason] if failed else warnings,
             exit=reason,
-            # what holding processes for the GPU probes cost and missed (tracer/gpu/side.py)
+            # what holding processes for the GPU probes cost and missed (tracer/gpu/holds.py)
             extra={
                 **({"gpu_holds": gpu.final_holds} if gpu.final_holds is not None else {}),
                 # handled and ignored signals counted in the kernel instead of sent

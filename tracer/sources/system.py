@@ -142,7 +142,7 @@ def pid_namespace_problem(ns_path: str = "/proc/self/ns/pid") -> str | None:
     """Why this process cannot record here, or None: BPF names every process by its pid in the
     host's pid namespace (bpf_get_current_pid_tgid, task->tgid), so a recorder in another one
     cannot tell itself from the processes it watches, and its SIGCONT to a process the kernel
-    held (tracer/gpu/side.py) would reach another process or none: it would stay stopped."""
+    held (tracer/gpu/holds.py) would reach another process or none: it would stay stopped."""
     try:
         ino = os.stat(ns_path).st_ino
     except OSError:
