@@ -32,7 +32,8 @@ from tracer.bpf import gpuhooks, hooks, layout
 from tracer.errors import BpfError
 from tracer.events import Event, Exit, KmsgOom, OomKill, ReclaimStall, ReclaimSummary
 from tracer.parse.cgroup import parse_flat_keyed
-from tracer.pipeline.record import Profile, Recorder, RecordResult, Targets
+from tracer.pipeline.assembly import Profile
+from tracer.pipeline.record import Recorder, RecordResult, Targets
 from tracer.sources import system
 from tracer.sources.cgroupfs import CgroupLayout, ChildCgroup, own_memory_cgroup
 from tracer.trace.reader import read_trace

@@ -33,7 +33,8 @@ from tracer.analysis.units import label_parts
 from tracer.clock import wall_time
 from tracer.errors import UsageError
 from tracer.events import CgroupInfo, CgroupSample, Event, Lost, ReclaimStall, ReclaimSummary
-from tracer.pipeline.record import Profile, Recorder, Targets
+from tracer.pipeline.assembly import Profile
+from tracer.pipeline.record import Recorder, Targets
 from tracer.safetext import field
 from tracer.sources.cgroupfs import CgroupLayout, CgroupResolver
 from tracer.trace.format import TraceFooter

@@ -34,29 +34,22 @@ from tracer.bpf import hooks, layout
 from tracer.clock import boottime_ns, realtime_offset_ns
 from tracer.errors import KernelUnsupported, OutputError, PermissionProblem, UsageError
 from tracer.events import Event
-from tracer.gpu.side import SCAN_INTERVAL_NS, GpuSide
+from tracer.gpu.side import GpuSide
 from tracer.parse.cgroup import parse_proc_cgroup
-from tracer.pipeline.core import Enricher, Pipeline, Sink, Source, header_parts
-from tracer.pipeline.enrich import CgroupNamer, Follow, SenderExe, WatchSet
+from tracer.pipeline.assembly import INTERACTIVE, Profile, assemble
+from tracer.pipeline.core import Pipeline, Sink, Source, header_parts
+from tracer.pipeline.enrich import CgroupNamer, WatchSet
 from tracer.pipeline.follow import Follower, ProbeSetup
 from tracer.pipeline.sinks import AnalyzerSink, TraceSink
 from tracer.pipeline.sources import (
-    POLL_MS,
-    FollowerSource,
-    GpuSource,
     KernelCounters,
-    KmsgSource,
-    RingSource,
-    SamplerSource,
 )
 from tracer.sources import system
 from tracer.sources.cgroupfs import CgroupLayout, CgroupResolver
-from tracer.sources.samplers import DEFAULT_INTERVAL_NS, SamplerSet
 from tracer.spawn import STOP_GRACE_S, STOP_SIGNALS, GatedChild
 from tracer.trace.format import SCHEMA_VERSION, TraceFooter, TraceHeader
 from tracer.trace.writer import TraceWriter
 
-DEFAULT_STALL_THRESHOLD_NS = 10_000_000
 # After the command exits: time for the kernel log and the last records to arrive.
 GRACE_S = 0.2
 FINAL_DRAIN_S = 2.0
@@ -192,27 +185,6 @@ class _StopFlag:
         self.set(f"interrupted by {signal.Signals(signum).name}")
 
 
-@dataclass(frozen=True, slots=True)
-class Profile:
-    """How a recording runs, apart from what it watches: an interactive one (``record``,
-    ``tail``, ``repro``: the defaults) or the always-on agent (``tracer.agent.run.PROFILE``).
-
-    ``agent``: the kernel counts clean exits outside a unit's main process instead of sending
-    them (bpf/whyrestart.bpf.c), an OOM kill is judged as soon as its evidence is in, and no
-    verdict is kept (the agent's sinks take each one as it comes). The rest is the loop's pace:
-    how long a step waits for the ring (``idle_poll_ms`` once quiet for a second), how often the
-    cgroups are sampled (a quiet one in full only every ``quiet_interval_ns``), the longest gap
-    between two GPU rescans of a process, and the reclaim stall worth an event of its own."""
-
-    agent: bool = False
-    poll_ms: int = POLL_MS
-    idle_poll_ms: int | None = None
-    sample_interval_ns: int = DEFAULT_INTERVAL_NS
-    quiet_interval_ns: int | None = None
-    gpu_rescan_max_gap_ns: int = SCAN_INTERVAL_NS
-    stall_threshold_ns: int = DEFAULT_STALL_THRESHOLD_NS
-
-
 class Recorder:
     """One recording: the pipeline (tracer.pipeline) assembled from the targets, run until the
     command exits, the duration passes or a signal arrives, then drained and closed.
@@ -224,17 +196,16 @@ class Recorder:
     judged (the agent's readiness: its ready line, /readyz, sd_notify; tests wait on it
     rather than on sleeps). Before the command starts; not called if the set-up fails.
 
-    Large on purpose (over 400 lines): it owns a recording's lifecycle end to end (checking
-    the targets, starting the command, assembling the pipeline, the loop, the header and
-    footer, signals and the stop) because they share one stop state and one set of sources;
-    the sources, enrichers and sinks themselves live in tracer.pipeline."""
+    It owns a recording's lifecycle end to end (checking the targets, starting the command,
+    the loop, the header and footer, signals and the stop: they share one stop state); the
+    pipeline is built by tracer/pipeline/assembly.py."""
 
     def __init__(
         self,
         output: str | None,
         targets: Targets,
         *,
-        profile: Profile = Profile(),
+        profile: Profile = INTERACTIVE,
         duration: float | None = None,
         status: Callable[[str, bool], None] | None = None,
         on_event: Callable[[Event | None, list[Verdict]], None] | None = None,
@@ -360,114 +331,6 @@ class Recorder:
             if isinstance(e, CgroupNamer | WatchSet):
                 e.forget_cgroups(ids)
 
-    def _assemble(
-        self,
-        kernel: hooks.KernelHooks,
-        resolver: CgroupResolver,
-        cg_layout: CgroupLayout,
-        cgroup_ids: list[int],
-    ) -> tuple[Pipeline, WatchSet, GpuSide, KernelCounters]:
-        """Attach the hooks, seed the watched set and build the pipeline, in the order that
-        loses nothing: the kernel filters are filled before the samplers and the GPU side
-        look at the watched set."""
-        attached = kernel.attach()
-        t = self.targets
-        follower = self.follower
-        assert follower is not None  # (made by _run_guarded, before the hooks)
-        samplers = SamplerSet(
-            cg_layout,
-            resolver,
-            interval_ns=self.profile.sample_interval_ns,
-            quiet_interval_ns=self.profile.quiet_interval_ns,
-        )
-        watch = WatchSet(
-            kernel, samplers, resolver, every=t.all, pids=t.pids, cgroup_paths=t.cgroups
-        )
-        sampler_source = SamplerSource(samplers, cg_layout.memory_version)
-        opened: list[Source] = [sampler_source]  # closed again if the set-up fails half-way
-        try:
-            ring = RingSource(
-                kernel,
-                attached,
-                hooks.ENRICHING,
-                wait_ms=self.profile.poll_ms,
-                idle_wait_ms=self.profile.idle_poll_ms,
-            )
-            opened.append(ring)
-            kmsg = KmsgSource(watch.wants_kmsg)
-            opened.append(kmsg)
-            self._seed(kernel, resolver, watch, samplers, cgroup_ids)
-            # GPU evidence (tracer/gpu/side.py): its own BPF object and NVML, never fatal.
-            gpu = GpuSide(
-                filter_all=t.all,
-                memcg_v1=cg_layout.memory_version == 1,
-                # the kernel's watched set: a new process is watched by the GPU programs from
-                # its fork, not ~10 ms later when its Fork event is decoded
-                shared_maps={
-                    "watched_pids": kernel.watched_pids.fd,
-                    "watched_cgroups": kernel.watched_cgroups.fd,
-                },
-                watch_cgroups=bool(kernel.config.watch_cgroups),
-                rescan_max_gap_ns=self.profile.gpu_rescan_max_gap_ns,
-            )
-            gpu_source = GpuSource(gpu)
-            opened.append(gpu_source)
-            gpu.watch(watch.known_pids)
-            follower_source = FollowerSource(follower)
-            opened.append(follower_source)
-            for path in follower.follow_paths():
-                kernel.follow_path(path)
-            follower.start()
-        except BaseException:
-            for src in reversed(opened):
-                with contextlib.suppress(Exception):
-                    src.close()
-            raise
-        counters = KernelCounters(kernel)
-        # (the order of polling; the samplers last, so that what the enrichers learned from
-        # this step's events is sampled in the same step)
-        sources: list[Source] = [
-            ring,
-            kmsg,
-            gpu_source,
-            counters,
-            follower_source,
-            *self.extra_sources,
-            sampler_source,
-        ]
-        enrichers: list[Enricher] = [
-            watch,
-            gpu_source,
-            Follow(follower, kernel, watch),
-            SenderExe(),
-            CgroupNamer(resolver, follower),
-        ]
-        pipeline = Pipeline(sources, enrichers, [], clock=boottime_ns)
-        return pipeline, watch, gpu, counters
-
-    def _seed(
-        self,
-        kernel: hooks.KernelHooks,
-        resolver: CgroupResolver,
-        watch: WatchSet,
-        samplers: SamplerSet,
-        cgroup_ids: list[int],
-    ) -> None:
-        """The targets into the kernel's filter, the watched set and the samplers: the
-        watched cgroups, the processes already in them, the watched pids."""
-        t = self.targets
-        for cid in cgroup_ids:
-            kernel.watch_cgroup(cid)
-        for path in t.cgroups:
-            for pid in resolver.procs(path):
-                watch.seed_pid(pid)
-        for pid in t.pids:
-            watch.seed_pid(pid)
-        for path in t.cgroups:
-            samplers.watch_cgroup(path)
-        for pid in watch.known_pids:
-            samplers.watch_pid(pid)
-
     def _run(
         self,
         kernel: hooks.KernelHooks,
@@ -475,7 +338,17 @@ class Recorder:
         cg_layout: CgroupLayout,
         cgroup_ids: list[int],
     ) -> RecordResult:
-        pipeline, watch, gpu, counters = self._assemble(kernel, resolver, cg_layout, cgroup_ids)
+        assert self.follower is not None  # (made by _run_guarded, before the hooks)
+        pipeline, watch, gpu, counters = assemble(
+            kernel,
+            resolver,
+            self.follower,
+            cg_layout,
+            self.targets,
+            cgroup_ids,
+            self.profile,
+            self.extra_sources,
+        )
         self._pipeline = pipeline
         try:
             header = self.header = self._header(pipeline, cg_layout)
