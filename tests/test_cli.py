@@ -28,6 +28,16 @@ def test_replay_golden_trace_gives_the_recorded_verdicts() -> None:
     assert out == (DATA / "demo_v1_oom.replay.txt").read_text()
 
 
+def test_replay_golden_v2_trace_gives_the_recorded_verdicts() -> None:
+    """The same demo recorded on cgroup v2 (the lab's Debian 12 VM, kernel 6.1: the fentry rung,
+    memory.max, memory.events): the limiting cgroup, its composition from memory.stat at the
+    kill and the evidence replay as when it was checked in."""
+    code, out, _ = run("replay", str(DATA / "demo_v2_oom.trace.zst"))
+    assert code == 0
+    assert out == (DATA / "demo_v2_oom.replay.txt").read_text()
+    assert "[fentry] OOM killer chose pid 165, memcg in /whyrestart-demo-164" in out
+
+
 def test_replay_golden_probe_kill_trace() -> None:
     """A real supervisor's probe kill (recorded on this host with --probe, see
     tests/test_one_judging_path.py): the probes, the kill and the verdict's evidence replay as

@@ -55,8 +55,20 @@ def supervisor_trace(path: Path) -> Path:
 # (userspace_oom_earlyoom: `earlyoom -m 90 -s 100` beside it in a pid namespace of their own, so
 # it could kill nothing else, on a host with 74% of its memory available: a real daemon's kill
 # on a threshold set above the host's free memory, as a misconfigured one makes; a kill under
-# real pressure, systemd-oomd's, is the lab VM's test). What each is judged, exactly:
+# real pressure, systemd-oomd's, is the lab VM's test). demo_v2_oom is scripts/demo's recording
+# in the lab's Debian 12 VM (kernel 6.1, cgroup v2, the fentry rung): `scripts/lab-vm --kernel
+# bookworm --exec 'whyrestart record -o ... -- python -m tracer.demo'`. What each is judged,
+# exactly:
 EXPECTED: dict[str, Judged] = {
+    "demo_v2_oom.trace.zst": Counter(
+        {
+            (165, "cgroup_oom", "high"): 1,  # the demo's child, at its cgroup's memory.max
+            (166, "app_exit", "high"): 1,
+            (167, "signal_kill", "high"): 1,
+            (168, "app_exit", "high"): 1,
+            (164, "app_exit", "high"): 1,
+        }
+    ),
     "probe_kill_supervisor.trace.zst": Counter(
         {(16579, "probe_kill", "high"): 1, (16092, "app_exit", "high"): 1}
     ),
