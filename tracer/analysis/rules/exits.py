@@ -12,13 +12,12 @@ from tracer.analysis.findings import (
     HIGH,
     LOW,
     MEDIUM,
-    SIGNAL_KILL,
     Evidence_,
     Finding,
     Verdict,
 )
 from tracer.analysis.rules.supervisors import supervisor_record
-from tracer.analysis.rules.view import SECOND, SETTLE_NS, ExitView
+from tracer.analysis.rules.view import SECOND, SETTLE_NS, ExitView, sender_of, sent_by
 from tracer.events import (
     SI_KERNEL,
     signal_name,
@@ -147,17 +146,7 @@ def handled_stop(v: ExitView) -> Finding | None:
     )
     if sig is None:
         return None
-    exe = sig.sender_exe or (v.exe_of(sig.sender_pid) if v.exe_of is not None else "")
-    who = senders.classify(
-        sig.sender_comm,
-        sig.sender_pid,
-        ex.pid,
-        kernel=False,
-        supervisor_pids=v.supervisor_pids,
-        exe=exe,
-        cgroup=v.ev.path(sig.sender_cgroup_id) or "",
-        ancestor=sig.sender_pid in v.ancestors,
-    )
+    who, exe = sender_of(v, sig)
     if who.role in (senders.ROLE_SELF, senders.ROLE_KERNEL):
         return None
     name = signal_name(sig.sig)
@@ -175,19 +164,7 @@ def handled_stop(v: ExitView) -> Finding | None:
         evidence.append((record[0].ts, record[1]))
         if record[0].oom_killed:
             disagree = (say.runtime_claims_oom(record[0].source),)
-    return Finding(
-        SIGNAL_KILL,
-        HIGH,
-        summary,
-        advice,
-        tuple(sorted(evidence)),
-        disagreements=disagree,
-        sender_pid=sig.sender_pid,
-        sender_comm=sig.sender_comm,
-        sender_role=who.role,
-        sender_exe=exe or None,
-        exit_code=code,
-    )
+    return sent_by(sig, who, exe, summary, advice, evidence, disagree, code)
 
 
 OOM_CAUSES = frozenset((CGROUP_OOM, GLOBAL_OOM))

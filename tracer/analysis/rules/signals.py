@@ -30,6 +30,8 @@ from tracer.analysis.rules.view import (
     amend,
     fatal_signal,
     is_kernel_kill,
+    sender_of,
+    sent_by,
 )
 from tracer.events import (
     SI_KERNEL,
@@ -89,17 +91,7 @@ def signal_exit(v: ExitView, had_oom: bool) -> Finding:
     origin = kernel_origin(v, last, core, disagree)
     if origin is not None:
         return origin
-    exe = last.sender_exe or (v.exe_of(last.sender_pid) if v.exe_of is not None else "")
-    who = senders.classify(
-        last.sender_comm,
-        last.sender_pid,
-        ex.pid,
-        kernel=last.si_code == SI_KERNEL,
-        supervisor_pids=v.supervisor_pids,
-        exe=exe,
-        cgroup=v.ev.path(last.sender_cgroup_id) or "",
-        ancestor=last.sender_pid in v.ancestors,
-    )
+    who, exe = sender_of(v, last)
     if who.role in (senders.ROLE_SELF, senders.ROLE_KERNEL):
         # A fault the process raised itself (si_code > 0: SIGSEGV, SIGBUS, SIGFPE...; the
         # kernel's SI_KERNEL for a general protection fault) or abort(): the application
@@ -143,18 +135,7 @@ def signal_exit(v: ExitView, had_oom: bool) -> Finding:
         if oom is not None:
             return amend(oom, sender_exe=sender_exe)
     summary, advice = say.sender_text(who, how, last.sender_comm, last.sender_pid)
-    return Finding(
-        SIGNAL_KILL,
-        HIGH,
-        summary,
-        advice,
-        tuple(sorted(evidence)),
-        disagreements=disagree,
-        sender_pid=last.sender_pid,
-        sender_comm=last.sender_comm,
-        sender_role=who.role,
-        sender_exe=sender_exe,
-    )
+    return sent_by(last, who, exe, summary, advice, evidence, disagree)
 
 
 def own_source(last: Signal) -> str | None:

@@ -14,6 +14,8 @@ from tracer.analysis import senders
 from tracer.analysis import wording as say
 from tracer.analysis.evidence import HISTORY_NS, Evidence
 from tracer.analysis.findings import (
+    HIGH,
+    SIGNAL_KILL,
     Evidence_,
     Finding,
     Verdict,
@@ -147,3 +149,47 @@ class SenderKill:
             host_available=host_available,
             probe_failures=probe_failures,
         )
+
+
+def sender_of(v: ExitView, sig: Signal) -> tuple[senders.Sender, str]:
+    """Who sent ``sig`` to the exiting process (``senders.classify``, with what the trace knows
+    of the sender: its executable, its cgroup, whether it started the victim), and that
+    executable ("" when not seen)."""
+    exe = sig.sender_exe or (v.exe_of(sig.sender_pid) if v.exe_of is not None else "")
+    who = senders.classify(
+        sig.sender_comm,
+        sig.sender_pid,
+        v.ex.pid,
+        kernel=sig.si_code == SI_KERNEL,
+        supervisor_pids=v.supervisor_pids,
+        exe=exe,
+        cgroup=v.ev.path(sig.sender_cgroup_id) or "",
+        ancestor=sig.sender_pid in v.ancestors,
+    )
+    return who, exe
+
+
+def sent_by(
+    sig: Signal,
+    who: senders.Sender,
+    exe: str,
+    summary: str,
+    advice: str,
+    evidence: list[Evidence_],
+    disagree: tuple[str, ...],
+    exit_code: int | None = None,
+) -> Finding:
+    """A signal_kill: another process's signal ended it (killed, or a stop it handled)."""
+    return Finding(
+        SIGNAL_KILL,
+        HIGH,
+        summary,
+        advice,
+        tuple(sorted(evidence)),
+        disagreements=disagree,
+        sender_pid=sig.sender_pid,
+        sender_comm=sig.sender_comm,
+        sender_role=who.role,
+        sender_exe=exe or None,
+        exit_code=exit_code,
+    )
