@@ -51,6 +51,7 @@ from tracer.analysis.findings import (
 from tracer.analysis.processes import Pending, ProcessTable
 from tracer.analysis.retention import MAX_CLEAN_KEPT, MAX_KEPT, Retention
 from tracer.analysis.rules import SETTLE_NS
+from tracer.analysis.thrash import Thrash, Thrashing
 from tracer.analysis.units import UnitName
 from tracer.analysis.wording import describe_status
 from tracer.events import (
@@ -151,6 +152,8 @@ class Analyzer:
         # time to the next limit of each watched cgroup, from the samples kept above
         # (tracer/analysis/eta.py): here once, so tail, the agent and replay warn alike
         self.eta = Forecasts(self.ev.samples_between)
+        # page cache re-read from disk, per watched cgroup (tracer/analysis/thrash.py)
+        self.thrashing = Thrashing(self.ev.samples_between)
 
     @classmethod
     def from_header(
@@ -214,6 +217,7 @@ class Analyzer:
         self.ev.forget_cgroups(ids)
         self.table.forget_cgroups(ids)
         self.eta.forget(ids)
+        self.thrashing.forget(ids)
 
     def unit_of_pid(self, pid: int) -> str | None:
         """The label of the unit a process belongs to, while the process table holds it."""
@@ -356,14 +360,21 @@ class Analyzer:
     def _on_cgroup_sample(self, ev: CgroupSample) -> None:
         self._store[CgroupSample](ev)
         self.eta.sample(ev)
+        self.thrashing.sample(ev)
 
     def _on_effective_limit(self, ev: EffectiveLimit) -> None:
         self._store[EffectiveLimit](ev)
         self.eta.limit(ev)
+        self.thrashing.limit(ev)
 
     def forecast(self, cgroup_id: int) -> Eta | None:
         """The watched cgroup's time-to-limit warning now, if any (tracer/analysis/eta.py)."""
         return self.eta.current(cgroup_id)
+
+    def thrash(self, cgroup_id: int) -> Thrash | None:
+        """Whether the watched cgroup re-reads its page cache from disk now, and how fast
+        (tracer/analysis/thrash.py)."""
+        return self.thrashing.current(cgroup_id)
 
     def finish(self) -> list[Verdict]:
         if self._held is not None:  # (nothing came after it to vouch for it)

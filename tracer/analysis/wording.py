@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from tracer.analysis.quantities import fmt_bytes, fmt_duration
 from tracer.analysis.senders import ROLE_KUBELET, ROLE_OOM_DAEMON, ROLE_SUPERVISOR, Sender
+from tracer.analysis.thrash import Thrash
 from tracer.events import Exit, GpuLost, GpuXid, KmsgOom, OomKill, ProbeSample, signal_name
 from tracer.parse.xid import xid_meaning
 
@@ -729,3 +730,33 @@ def gpu_down(e: GpuXid | GpuLost) -> str:
         "fallen_off_bus": "GPU has fallen off the bus",
     }.get(e.reason, e.reason)
     return f"GPU{dev}: {what}"
+
+
+# -- page-cache thrash (tracer/analysis/thrash.py) -------------------------------------------
+
+
+def thrash_words(t: Thrash) -> str:
+    """What thrash is, with its numbers: "page cache re-read from disk at 610 MiB/s (3.0 GiB
+    in 5 s, 34 times the 90 MiB of file pages it can keep, 90 MiB of them mapped)"."""
+    seconds = (t.ts - t.since) / 1e9
+    times = t.refaulted / t.cache if t.cache else 0.0
+    keep = (
+        f", {times:.0f} times the {fmt_bytes(t.cache)} of file pages it can keep" if times else ""
+    )
+    mapped = f", {fmt_bytes(t.mapped)} of them mapped" if t.mapped and times else ""
+    return (
+        f"page cache re-read from disk at {fmt_bytes(t.rate)}/s ({fmt_bytes(t.refaulted)} in "
+        f"{seconds:.0f} s{keep}{mapped})"
+    )
+
+
+def thrash_line(unit: str, t: Thrash) -> str:
+    """The tail's line: the unit, the thrash, and what it means."""
+    at = ""
+    if t.limit and t.usage is not None:
+        at = f" at {fmt_bytes(t.usage)} of its {fmt_bytes(t.limit)} limit"
+    return (
+        f"{unit}: {thrash_words(t)}{at}: the limit leaves no room for the files it reads "
+        "(a model's mapped weights are read again on every request); raise the limit above "
+        "them plus the process's own memory"
+    )

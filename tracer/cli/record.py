@@ -280,6 +280,7 @@ def _tail_printer(clock_holder: list[Clock], as_json: bool) -> Any:
                         orjson.dumps(
                             {"ts": line.ts, "severity": line.severity, "text": line.text}
                             | ({"eta": line.eta.to_json()} if line.eta is not None else {})
+                            | ({"thrash": line.thrash.to_json()} if line.thrash else {})
                         ).decode()
                     )
                 )

@@ -2,8 +2,10 @@
 
 Fed events in time order (and the verdict an exit produced), it returns the lines to show:
 OOM kills, exits with their verdicts, long stalls, usage crossing 90% of the effective limit,
-PSI over thresholds, memory.high throttling, lost events, and the time-to-limit warnings of
-``tracer/analysis/eta.py`` (when a warning starts, when its time left halves, when it ends).
+PSI over thresholds, memory.high throttling, lost events, the time-to-limit warnings of
+``tracer/analysis/eta.py`` (when a warning starts, when its time left halves, when it ends), and
+page-cache thrash (``tracer/analysis/thrash.py``: when it starts, when its rate doubles, when it
+ends).
 Storms are folded: per cgroup and kind, at most ``MAX_STALL_LINES`` single-stall lines per
 window, and a summary line per window
 ("312 reclaim stalls, 4.1 s total, in /x over 2.0 s") once the window closes. Routine clean
@@ -17,12 +19,13 @@ trace, so it shows exactly what ``tail`` showed.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tracer.analysis.analyzer import Analyzer, Verdict
 from tracer.analysis.eta import Eta
 from tracer.analysis.quantities import fmt_bytes, fmt_duration
-from tracer.analysis.wording import lost_records, stall_kind
+from tracer.analysis.thrash import Thrash
+from tracer.analysis.wording import lost_records, stall_kind, thrash_line
 from tracer.events import (
     CgroupSample,
     EffectiveLimit,
@@ -54,6 +57,7 @@ class TailLine:
     severity: str
     text: str
     eta: Eta | None = None  # a time-to-limit warning's estimate (``--json`` carries it)
+    thrash: Thrash | None = None  # page cache re-read from disk (``--json`` carries it)
 
 
 @dataclass
@@ -72,8 +76,10 @@ class PressureFeed:
     # the Analyzer's time-to-limit warning of a watched cgroup (``Analyzer.forecast``), and the
     # unit a cgroup is (``Analyzer.unit_of_cgroup``'s label): without them, no warning lines
     forecast: Callable[[int], Eta | None] | None = None
+    thrash: Callable[[int], Thrash | None] | None = None  # ``Analyzer.thrash``
     unit_of: Callable[[int, str], str | None] | None = None
     _eta_shown: dict[int, float] = field(default_factory=dict)  # cgroup id -> seconds shown
+    _thrash_shown: dict[int, float] = field(default_factory=dict)  # cgroup id -> rate shown
     _windows: dict[tuple[int, str], _Window] = field(default_factory=dict)
     _limits: dict[int, int | None] = field(default_factory=dict)  # cgroup id -> effective limit
     _usage_high: set[int] = field(default_factory=set)
@@ -87,9 +93,7 @@ class PressureFeed:
         for line in lines:
             if line.ts < self._newest:
                 late = fmt_duration(self._newest - line.ts)
-                line = TailLine(
-                    line.ts, line.severity, f"{line.text} (shown {late} late)", line.eta
-                )
+                line = replace(line, text=f"{line.text} (shown {late} late)")
             self._newest = max(self._newest, line.ts)
             out.append(line)
         return out
@@ -235,7 +239,7 @@ class PressureFeed:
     # -- samples ---------------------------------------------------------------------------
 
     def _cgroup_sample(self, ev: CgroupSample) -> list[TailLine]:
-        out = self._eta(ev)
+        out = self._eta(ev) + self._thrash(ev)
         limit = self._limits.get(ev.cgroup_id) or ev.limit_bytes
         if limit and ev.usage_bytes is not None:
             frac = ev.usage_bytes / limit
@@ -287,6 +291,24 @@ class PressureFeed:
         self._eta_shown[ev.cgroup_id] = est.seconds
         return [TailLine(ev.ts, WARN, f"eta     {eta_text(unit, est)}", est)]
 
+    def _thrash(self, ev: CgroupSample) -> list[TailLine]:
+        """A line when a watched cgroup starts re-reading its page cache from disk, again when
+        the rate has doubled since the last line, and one when it stops."""
+        if self.thrash is None:
+            return []
+        now = self.thrash(ev.cgroup_id)
+        shown = self._thrash_shown.get(ev.cgroup_id)
+        unit = (self.unit_of(ev.cgroup_id, ev.path) if self.unit_of else None) or ev.path
+        if now is None:
+            if shown is None:
+                return []
+            del self._thrash_shown[ev.cgroup_id]
+            return [TailLine(ev.ts, INFO, f"thrash  {unit}: no longer re-reading its page cache")]
+        if shown is not None and now.rate < 2 * shown:
+            return []
+        self._thrash_shown[ev.cgroup_id] = now.rate
+        return [TailLine(ev.ts, WARN, f"thrash  {thrash_line(unit, now)}", thrash=now)]
+
     def _psi(
         self,
         ts: int,
@@ -328,6 +350,7 @@ def feed_of(analyzer: Callable[[], Analyzer]) -> PressureFeed:
     return PressureFeed(
         lambda cid: analyzer().cgroup_path(cid),
         forecast=lambda cid: analyzer().forecast(cid),
+        thrash=lambda cid: analyzer().thrash(cid),
         unit_of=unit_of,
     )
 
