@@ -283,11 +283,10 @@ struct {
 
 /* The agent's kernel-side filter (cfg.agent_filter). What can change a verdict is sent in full:
  * every exit by a signal or a non-zero code, every exit and exec of a unit's main process (a
- * process whose memory cgroup differs from its parent's: runc, conmon, containerd-shim and
- * systemd start a container's or service's first program from outside its cgroup), fatal
- * signals, OOM kills and reclaim. A clean exit of any other process (the scripts, compilers and
- * health checks a host runs by the thousand) is only counted per cgroup here, and an exec inside
- * a unit is not sent: at 1,000 clean exits a second the agent then wakes to nothing. */
+ * process that starts a unit: starts_unit() below), fatal signals, OOM kills and reclaim. A clean
+ * exit of any other process (the scripts, compilers and health checks a host runs by the
+ * thousand) is only counted per cgroup here, and an exec inside a unit is not sent: at 1,000
+ * clean exits a second the agent then wakes to nothing. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 16384);
@@ -295,11 +294,54 @@ struct {
 	__type(value, __u64); /* clean exits counted, never reset (user space takes deltas) */
 } clean_exits SEC(".maps");
 
+/* The names (comm, zero-padded) of the process supervisors that run programs as their direct
+ * children and restart them: supervisord, s6-supervise, runsv, ... User space fills it from the
+ * one list the analysis names those units by (tracer/analysis/senders.py PROCESS_SUPERVISORS,
+ * through KernelHooks.supervisor_names), so the kernel and the analysis agree on what a
+ * supervised program is; compared whole, as the analysis compares them. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 64);
+	__type(key, char[16]);
+	__type(value, __u8);
+} supervisor_comms SEC(".maps");
+
+/* Whether a task starts a unit, so that its clean exit and its execs are sent under the agent's
+ * filter:
+ * - its cgroup differs from its parent's: runc, conmon, containerd-shim and systemd start a
+ *   container's or service's first program from outside its cgroup;
+ * - on a v1 host, its unified-tree (dfl_cgrp) cgroup differs from its parent's: systemd there
+ *   gives every service a cgroup of its own in its own tree (hybrid mode) but a memory cgroup
+ *   only with memory accounting on (systemd 219's default was off: Amazon Linux 2, CentOS 7
+ *   userlands), so such a service shares PID 1's memory cgroup and its restarts were invisible;
+ * - its parent is a process supervisor (supervisor_comms): s6-overlay, supervisord, runit or pm2
+ *   as a container's PID 1 start their programs in their own cgroup; each program is its own
+ *   unit to the analysis (tracer/analysis/processes.py find_unit), restarted by the supervisor.
+ * What this costs: one more cgroup pointer compare on v1, and a 16-byte hash lookup of the
+ *   parent's name for each exit and exec the filter would otherwise drop; what it sends more: the
+ *   clean exits and execs of the direct children of supervisors and of unified-tree cgroup
+ *   starts. Both are bounded by how often units (re)start, not by the host's exit rate: a
+ *   supervisor's direct children are the programs it runs and restarts (s6-supervise and runsv
+ *   wait a second between restarts, supervisord backs off), and the busy work (a shell's loop,
+ *   a compiler's children) happens below them, where the parent is no supervisor. */
+static __always_inline bool is_supervisor(struct task_struct *task)
+{
+	char comm[16] = {}; /* (zero-padded: the whole key is compared) */
+
+	BPF_CORE_READ_STR_INTO(&comm, task, comm);
+	return bpf_map_lookup_elem(&supervisor_comms, comm) != NULL;
+}
+
 static __always_inline bool starts_unit(struct task_struct *task)
 {
 	struct task_struct *parent = BPF_CORE_READ(task, real_parent);
 
-	return !parent || cgroup_id_of(task_cgroup(task)) != cgroup_id_of(task_cgroup(parent));
+	if (!parent || cgroup_id_of(task_cgroup(task)) != cgroup_id_of(task_cgroup(parent)))
+		return true;
+	if (cfg.memcg_v1 &&
+	    BPF_CORE_READ(task, cgroups, dfl_cgrp) != BPF_CORE_READ(parent, cgroups, dfl_cgrp))
+		return true;
+	return is_supervisor(parent);
 }
 
 static __always_inline void count_clean_exit(struct task_struct *task)
@@ -926,7 +968,8 @@ int oom_tp(struct trace_event_raw_mark_victim *ctx)
 /* ---------------------------------------------------------------------------------------- */
 /* Lifecycle: a watched process's new processes are watched too (its new threads only go into
  * watched_threads, for the classic tracepoints). Fork records are only sent when filtering
- * (under --all every exit is reported anyway and a fork storm would double the ring traffic).
+ * (under --all every exit is reported anyway and a fork storm would double the ring traffic),
+ * and under the agent's filter for a process supervisor's children.
  * raw_tp twins carry the same arguments as tp_btf and are the fallback where tp_btf is
  * missing. */
 
@@ -948,14 +991,25 @@ static __always_inline int handle_fork(struct task_struct *parent, struct task_s
 		bpf_map_update_elem(&helpers, &child_pid, &one, BPF_ANY);
 		return 0;
 	}
-	if (cfg.filter_all || !is_watched(parent, parent_tgid))
-		return 0;
-	if (child_pid != BPF_CORE_READ(child, tgid)) {
-		/* a new thread: only its process is needed, for the classic tracepoints */
-		bpf_map_update_elem(&watched_threads, &child_pid, &parent_tgid, BPF_ANY);
-		return 0;
+	if (cfg.filter_all) {
+		/* Under the agent's filter, a process supervisor's new process is sent: its exec
+		 * names a program the supervisor restarts (starts_unit), and the analysis needs its
+		 * parent to know it for one (an exec record carries none), and the runtime follower to
+		 * know it for the container's own, not a check exec'd in from outside. Bounded as
+		 * starts_unit's records are: a supervisor forks the programs it (re)starts. */
+		if (!cfg.agent_filter || child_pid != BPF_CORE_READ(child, tgid) ||
+		    parent_tgid == cfg.self_tgid || !is_supervisor(parent))
+			return 0;
+	} else {
+		if (!is_watched(parent, parent_tgid))
+			return 0;
+		if (child_pid != BPF_CORE_READ(child, tgid)) {
+			/* a new thread: only its process is needed, for the classic tracepoints */
+			bpf_map_update_elem(&watched_threads, &child_pid, &parent_tgid, BPF_ANY);
+			return 0;
+		}
+		bpf_map_update_elem(&watched_pids, &child_pid, &one, BPF_ANY);
 	}
-	bpf_map_update_elem(&watched_pids, &child_pid, &one, BPF_ANY);
 
 	e = reserve(sizeof(*e));
 	if (!e)

@@ -285,6 +285,41 @@ def test_the_kernel_counts_clean_exits_inside_a_unit_and_sends_the_rest(
     assert [e for e in events if isinstance(e, Exec) and e.cgroup_id == cid] == []
 
 
+def test_a_v1_service_without_memory_accounting_starts_a_unit_in_the_unified_tree(
+    agent_state: Path, layout: CgroupLayout
+) -> None:
+    """Issue 31 item 7: on a v1 host systemd (hybrid mode) gives a service a cgroup of its own
+    in the unified tree, but a memory cgroup only with memory accounting on; without it the
+    service shares its parent's memory cgroup. Its main process's clean exit and its exec are
+    still sent: here a process moves itself into a new unified-tree cgroup (as systemd places
+    a service) and execs `true`."""
+    if layout.memory_version != 1 or layout.unified_root is None:
+        pytest.skip("not a v1 host with the unified tree mounted (hybrid mode)")
+    agent = AgentProc(agent_state)
+    unified = os.path.join(layout.unified_root, f"wr-agent-v1svc-{os.getpid()}")
+    os.mkdir(unified)
+    try:
+        agent.wait_ready()
+        procs = os.path.join(unified, "cgroup.procs")
+        service = subprocess.Popen(["sh", "-c", f"echo $$ > {procs} && exec /bin/true"])
+        assert service.wait() == 0
+        time.sleep(2.5)  # past the segment's one-second flush
+        assert agent.stop()[0] == 0
+    finally:
+        if agent.proc.poll() is None:
+            agent.proc.kill()
+        os.rmdir(unified)
+    from tracer.events import Exec, Exit
+    from tracer.trace.reader import read_trace
+
+    events = [
+        e for seg in sorted((agent_state / "segments").iterdir()) for e in read_trace(seg).events
+    ]
+    mine = [e for e in events if isinstance(e, Exec | Exit) and e.pid == service.pid]
+    assert [(type(e).__name__, e.comm) for e in mine] == [("Exec", "true"), ("Exit", "true")]
+    assert [e.wait.code for e in mine if isinstance(e, Exit)] == [0]
+
+
 def test_sighup_reloads_sigkill_loses_at_most_a_second_and_the_agent_protects_itself(
     agent_state: Path,
 ) -> None:

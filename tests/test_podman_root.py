@@ -7,6 +7,7 @@ container it made. Memory tests always run under the container's --memory limit.
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import signal
@@ -14,6 +15,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -261,3 +263,97 @@ def test_a_crash_looping_container_keeps_the_watched_cgroup_table_bounded(
     assert res.restart_counts == [(unit, n, n, "podman")]
     assert refused == [0]
     assert sizes and max(sizes) <= 2, max(sizes)
+
+
+def test_supervisord_as_a_containers_entrypoint_restarts_reach_the_agents_journal(
+    tmp_path: Path, name: str
+) -> None:
+    """Issue 31 item 7: supervisord as PID 1 of a podman container (the s6-overlay, runit, pm2
+    pattern) restarts a program that fails three times; then the container is stopped. The
+    program and supervisord share the container's cgroup, so the agent's kernel filter once
+    dropped the program's execs (and would drop a clean exit): its three failures were judged
+    as the container's side processes and no restart was linked. From the agent's journal:
+    three app_exit verdicts with code 3 for the program, three restarts linked, and the last
+    run stopped by supervisord (signal_kill, sender the supervisor)."""
+    from tests.test_agent_root import AgentProc, until
+    from tracer.agent.journal import read_journal
+
+    venv = os.path.realpath(sys.prefix)  # supervisord's shebang names it
+    supervisord = os.path.join(venv, "bin", "supervisord")
+    if not os.path.exists(supervisord):
+        pytest.fail("supervisord is missing: scripts/setup installs it with the dev extra")
+    # the host's python in the container: /usr (and Debian's merged /lib) and the venv mounted
+    # read-only into a busybox root, as the other tests' images are made (no registry here)
+    root = tmp_path / "root"
+    root.mkdir()
+
+    def usr_links() -> None:
+        for d in ("lib", "lib64"):
+            (root / d).symlink_to(f"usr/{d}")
+
+    image = f"localhost/whyrestart-test-supervisord:{os.getpid()}"
+    work = tmp_path / "work"  # (the same path inside: supervisord's config names it)
+    work.mkdir()
+    runs = work / "runs"
+    program = work / f"wr-worker-{os.getpid()}"  # its name is its unit's: unique per run
+    # runs 1-3 fail with code 3, run 4 stays up until the container is stopped
+    program.write_text(f"""#!/usr/bin/python3
+import time
+with open({str(runs)!r}, "a+") as f:
+    f.write("run\\n")
+    f.seek(0)
+    n = len(f.readlines())
+time.sleep(300 if n >= 4 else 0.2)
+raise SystemExit(3)
+""")
+    program.chmod(0o755)
+    conf = work / "supervisord.conf"
+    conf.write_text(f"""[supervisord]
+nodaemon=true
+logfile={work}/supervisord.log
+pidfile={work}/supervisord.pid
+[program:worker]
+command={program}
+autorestart=true
+startsecs=0
+startretries=100
+stopwaitsecs=5
+""")
+    state_dir = tmp_path / "state"
+    agent = AgentProc(state_dir)
+    unit = f"{program.name} under supervisord"
+
+    def journal(kind: str) -> list[dict[str, Any]]:
+        entries = read_journal(str(state_dir / "journal.jsonl"))
+        return [e for e in entries if e["kind"] == kind and e["unit"] == unit]
+
+    try:
+        agent.wait_ready()
+        with busybox_image(root, image, ("sh",), prepare=usr_links):
+            run_detached(
+                name, "-v", "/usr:/usr:ro", "-v", f"{venv}:{venv}:ro", "-v", f"{work}:{work}",
+                image, supervisord, "-c", str(conf),
+            )  # fmt: skip
+            wait_for(lambda: runs.exists() and runs.read_text().count("run") == 4, seconds=60)
+            # (a restart reaches the journal once its old exit's verdict is out)
+            until(lambda: len(journal("restart")) == 3, timeout=30)
+            podman("stop", "-t", "10", name)
+            until(lambda: len(journal("verdict")) == 4, timeout=30)
+            podman("rm", "-f", "-t", "0", name)
+        assert agent.stop()[0] == 0
+    finally:
+        if agent.proc.poll() is None:
+            agent.proc.kill()
+    assert runs.read_text().count("run") == 4
+    verdicts = [(e["cause"], e["verdict"]) for e in journal("verdict")]
+    assert [(c, v["exit_code"], v["main"]) for c, v in verdicts] == [("app_exit", 3, True)] * 3 + [
+        ("signal_kill", None, True)
+    ], verdicts
+    # the last run stopped by supervisord at `podman stop`
+    last = verdicts[-1][1]
+    assert (last["signal"], last["sender_role"]) == ("SIGTERM", "supervisor")
+    restarts = [e["restart"] for e in journal("restart")]
+    assert [r["cause"] for r in restarts] == ["app_exit"] * 3
+    # each restart links one run to the next, the first three the failed ones
+    pids = [e["pid"] for e in journal("verdict")]
+    assert [(r["old_pid"], r["new_pid"]) for r in restarts] == list(itertools.pairwise(pids))

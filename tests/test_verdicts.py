@@ -838,6 +838,40 @@ def test_supervisord_programs_are_units_and_their_restarts_link() -> None:
     ]
 
 
+def test_a_program_of_supervisord_as_a_containers_init_is_its_own_unit() -> None:
+    """Issue 31 item 7: supervisord as PID 1 of a podman container (the s6-overlay, runit, pm2
+    pattern) runs its program in the container's cgroup, as the agent sees it (a fork record
+    for a supervisor's child only): the program is its own unit, its failure its main exit and
+    its next run a restart; supervisord is still the container's main process."""
+    a = Analyzer()
+    events: list[Event] = [
+        cgroup(50, "/libpod_parent/libpod-" + "a" * 64, 64 * MiB),
+        unit_info(50, "podman", "web"),
+        execd(0.0, 10, 50, "supervisord"),
+        forked(0.1, 10, 11, 50, "supervisord"),
+        execd(0.1, 11, 50, "worker"),
+        exit_code(1.0, 11, 3, comm="worker", cg=50, ppid=10),
+        forked(1.2, 10, 12, 50, "supervisord"),
+        execd(1.2, 12, 50, "worker"),
+        exit_code(2.0, 12, 3, comm="worker", cg=50, ppid=10),
+        forked(2.2, 10, 13, 50, "supervisord"),
+        execd(2.2, 13, 50, "worker"),
+        exit_code(3.0, 13, 0, comm="worker", cg=50, ppid=10),
+        exit_code(3.1, 10, 0, comm="supervisord", cg=50, ppid=1),
+    ]
+    verdicts = a.feed_all(events)
+    assert [(v.pid, v.unit, v.main, v.exit_code) for v in verdicts] == [
+        (11, "worker under supervisord", True, 3),
+        (12, "worker under supervisord", True, 3),
+        (13, "worker under supervisord", True, 0),
+        (10, "podman web", True, 0),
+    ]
+    assert [(r.unit, r.old_pid, r.new_pid, r.cause) for r in a.restarts] == [
+        ("worker under supervisord", 11, 12, "app_exit"),
+        ("worker under supervisord", 12, 13, "app_exit"),
+    ]
+
+
 def test_the_kernel_logs_rss_is_not_called_the_cgroups_memory() -> None:
     """Issue 22 finding 5: "memory at the kill: anon 63.6 MiB, file 5.1 MiB" exceeded the
     64 MiB limit: the kernel log's anon-rss/file-rss are the victim's RSS (file-rss counts

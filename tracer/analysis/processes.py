@@ -122,7 +122,9 @@ class ProcessTable:
                 proc.start_ts = ev.ts
         if not IS_PLUMBING[ev.comm] and ev.filename != SELF_EXE:
             self.first.setdefault(ev.cgroup_id, pid)
-            unit = proc.unit = self.named.get(proc.cgroup_id) or self.find_unit(proc)
+            unit = proc.unit = (
+                self.supervised(proc) or self.named.get(proc.cgroup_id) or self.find_unit(proc)
+            )
             if unit is not None and self.is_main(pid, proc, unit):
                 self.new_main(ev, unit)
 
@@ -146,8 +148,10 @@ class ProcessTable:
         if ev.status == 0 and plumbing:
             return None
         # (a cgroup that names its unit decides, even when the runtime named it after this
-        # process started)
-        unit = self.named.get(proc.cgroup_id) or proc.unit
+        # process started; but a program run by a supervisor stays its own unit inside it)
+        unit = proc.unit
+        if unit is None or unit.kind != "supervised":
+            unit = self.named.get(proc.cgroup_id) or unit
         if unit is UNSET:
             unit = proc.unit = self.find_unit(proc)
         # (a runtime's setup process is never a unit's main process: a `docker exec` health
@@ -212,9 +216,22 @@ class ProcessTable:
             unit = proc.unit = self.find_unit(proc, depth)
         return unit
 
+    def supervised(self, proc: Proc) -> UnitName | None:
+        """The unit of a program run by a process supervisor (supervisord & co.), wherever it
+        runs: restarted by the supervisor, it is its own unit, even inside a container whose
+        PID 1 the supervisor is (s6-overlay, supervisord, runit, pm2 images: the program shares
+        the container's cgroup)."""
+        parent = self.procs.get(proc.ppid) if proc.ppid else None
+        if parent is not None and proc.filename and senders.is_process_supervisor(parent.comm):
+            return units.supervised(parent.comm, parent.pid, proc.filename)
+        return None
+
     def find_unit(self, proc: Proc, depth: int = 0) -> UnitName | None:
-        """A container or systemd unit by cgroup; else a program under a process supervisor;
+        """A program under a process supervisor; else a container or systemd unit by cgroup;
         else whatever its parent belongs to; at the top, the recorded command itself."""
+        unit = self.supervised(proc)
+        if unit is not None:
+            return unit
         unit = self.cgroup_units.get(proc.cgroup_id, UNSET)
         if unit is UNSET:
             info = self.ev.units.get(proc.cgroup_id)
@@ -227,10 +244,7 @@ class ProcessTable:
                 self.named[proc.cgroup_id] = unit
         if unit is None or unit.kind == "cgroup":
             parent = self.procs.get(proc.ppid)
-            if parent is not None and proc.filename and senders.is_process_supervisor(parent.comm):
-                # a program run by supervisord & co.: its own unit, restarted by the supervisor
-                unit = units.supervised(parent.comm, parent.pid, proc.filename)
-            elif parent is not None and parent.pid != proc.pid and depth < 64:
+            if parent is not None and parent.pid != proc.pid and depth < 64:
                 unit = self.unit(parent, depth + 1)
             else:
                 pid = proc.pid

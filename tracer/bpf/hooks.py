@@ -15,6 +15,7 @@ import errno
 import os
 import re
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from tracer.bpf import layout
@@ -329,6 +330,15 @@ class KernelHooks:
         self.obj.map("follow_paths").update(
             ctypes.c_uint64(fnv1a64(path.encode())), ctypes.c_uint8(1)
         )
+
+    def supervisor_names(self, names: Iterable[str]) -> None:
+        """The process supervisors' names (comm, as the kernel truncates it): under the agent's
+        filter the clean exits and execs of their direct children are sent (starts_unit in the
+        C file), so a program they restart is seen restarting."""
+        comms = self.obj.map("supervisor_comms")
+        for name in names:
+            key = ctypes.create_string_buffer(name.encode()[:15], 16)  # (zero-padded)
+            comms.update(key, ctypes.c_uint8(1))
 
     def watch_cgroup(self, cgroup_id: int) -> bool:
         """Watch a cgroup and everything below it. False when it is not watched: the table is

@@ -30,6 +30,7 @@ import psutil
 
 from tracer import __version__, selfguard
 from tracer.analysis.analyzer import Analyzer, Restart, Verdict
+from tracer.analysis.senders import PROCESS_SUPERVISORS
 from tracer.bpf import hooks, layout
 from tracer.clock import boottime_ns, realtime_offset_ns
 from tracer.errors import KernelUnsupported, OutputError, PermissionProblem, UsageError
@@ -315,6 +316,9 @@ class Recorder:
         )
         kernel = self.kernel = hooks.KernelHooks(config)
         try:
+            if self.profile.agent:
+                # (the programs a supervisor in a container restarts, seen restarting)
+                kernel.supervisor_names(PROCESS_SUPERVISORS)
             return self._run(kernel, resolver, cg_layout, cgroup_ids)
         finally:
             kernel.close()
