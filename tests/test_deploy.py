@@ -56,6 +56,7 @@ def test_daemonset_grants_what_the_agent_reads() -> None:
         "/sys/kernel/tracing",
         "/dev/kmsg",
         "/var/lib/whyrestart",
+        "/run/containerd",  # the CRI socket (tracer/runtimes/cri.py's default)
     } <= mounts
     _agent_args(c["args"])
     assert "--metrics-addr=0.0.0.0:9464" in c["args"]

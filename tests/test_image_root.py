@@ -217,6 +217,8 @@ def podman_run_args(state: Path, port: int) -> tuple[list[str], list[str]]:
             host = v["hostPath"]["path"]
             if host == "/var/lib/whyrestart":
                 host = str(state)
+            elif v["hostPath"].get("type") == "DirectoryOrCreate":
+                os.makedirs(host, exist_ok=True)  # (as the kubelet makes it)
             ro = ":ro" if m.get("readOnly") else ""
             flags += ["-v", f"{host}:{target}{ro}"]
         elif "emptyDir" in v:
