@@ -405,6 +405,11 @@ def test_a_cri_named_container_has_one_info_series_and_its_count_as_a_value() ->
     assert m.expire(lambda unit: False) == 1
     text = generate_latest(m.registry).decode()
     assert "whyrestart_container_info{" not in text and "whyrestart_container_restarts{" not in text
+    m.identity(k8s, RuntimeIdentity("containerd", "cd" * 32, uid, 3))  # (the unit is back)
+    m.identity(k8s, RuntimeIdentity("containerd", "cd" * 32, uid, 3))
+    text = generate_latest(m.registry).decode()
+    assert text.count("whyrestart_container_info{") == 1
+    assert f"whyrestart_container_restarts{{{unit}}} 3.0" in text
 
 
 def test_a_process_outside_any_unit_makes_no_series_of_its_own() -> None:

@@ -132,6 +132,7 @@ class Metrics:
             registry=reg,
         )
         self._eta_shown: set[tuple[str, ...]] = set()
+        self._shown: dict[tuple[str, ...], RuntimeIdentity] = {}  # unit labels -> its series'
         self.container_info = Gauge(
             "whyrestart_container_info",
             "A Kubernetes container as the node's CRI runtime names it (one series per unit: "
@@ -179,6 +180,9 @@ class Metrics:
             return
         key = tuple(labels.get(k, "") for k in UNIT_LABELS)
         self._seen[key] = self.clock()
+        if self._shown.get(key) == identity:
+            return  # (every verdict of the unit comes here: the series are made once)
+        self._shown[key] = identity
         children = self._children.setdefault(key, {})
         values = (*key, identity.pod_uid or "", identity.container_id, identity.runtime)
         info = self.container_info
@@ -242,6 +246,7 @@ class Metrics:
         ]
         for key in gone:
             del self._seen[key]
+            self._shown.pop(key, None)
             for metric, values in self._children.pop(key, {}):
                 metric.remove(*values)
         return len(gone)
