@@ -1,18 +1,30 @@
-"""Recording while a test drives a workload (root tests of runtimes: podman, Docker)."""
+"""Recording while a test drives a workload (root tests of runtimes: podman, Docker).
+
+The recordings run in the test's own process, so the recorder's self-guard (tracer/selfguard.py:
+RLIMIT_DATA 1 GiB, oom_score_adj -900) would be the test process's while they run, and every
+program the test starts meanwhile (podman, a container's conmon and the container itself, a
+shell) would inherit it: a container whose 1.5 GiB allocation fails under the recorder's data
+limit exits 1 instead of being OOM-killed. The recordings here run with it off (``PROFILE``);
+tests/test_hardening_root.py checks the guard itself, on a recorder in a process of its own.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from tracer.pipeline.assembly import INTERACTIVE
 from tracer.pipeline.record import Recorder, RecordResult, Targets
+
+PROFILE = dataclasses.replace(INTERACTIVE, self_guard=False)
 
 
 def record(tmp_path: Path, argv: list[str], name: str = "t.trace") -> RecordResult:
     """Record ``argv`` run as the target command, to its end."""
-    return Recorder(str(tmp_path / name), Targets(command=argv), duration=60).run()
+    return Recorder(str(tmp_path / name), Targets(command=argv), duration=60, profile=PROFILE).run()
 
 
 def record_while(
@@ -31,6 +43,7 @@ def record_while(
         Targets(containers=containers, **targets),  # type: ignore[arg-type]
         duration=duration,
         on_ready=ready.set,
+        profile=PROFILE,
     )
     out: dict[str, RecordResult] = {}
     errors: list[BaseException] = []

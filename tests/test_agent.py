@@ -373,6 +373,45 @@ def test_metrics_count_and_vanished_units_expire() -> None:
     assert "llm-0" not in text and 'unit="podman other"' in text
 
 
+def test_a_cri_named_container_has_one_info_series_and_its_count_as_a_value() -> None:
+    """The pod uid, container id and runtime as labels of one info series per unit, replaced
+    by the next attempt's; the restart count is a value, never a label; expired with the unit.
+    A unit no CRI runtime named gets neither series."""
+    from tracer.pipeline.follow import RuntimeIdentity
+
+    clock = Clock()
+    m = Metrics(series_ttl_s=60, clock=clock)  # type: ignore[arg-type]
+    k8s = label_parts("pod ml/llm-0 container server")
+    uid = "6f1c2d3e-0000-4000-8000-0123456789ab"
+    m.verdict(verdict(), k8s)
+    m.identity(k8s, RuntimeIdentity("containerd", "ab" * 32, uid, 2))
+    m.identity(label_parts("podman other"), None)
+    unit = 'container="server",namespace="ml",pod="llm-0",unit="pod ml/llm-0 container server"'
+    text = generate_latest(m.registry).decode()
+    info = [ln for ln in text.splitlines() if ln.startswith("whyrestart_container_info{")]
+    assert info == [
+        f'whyrestart_container_info{{container="server",container_id="{"ab" * 32}",'
+        f'container_runtime="containerd",namespace="ml",pod="llm-0",pod_uid="{uid}",'
+        'unit="pod ml/llm-0 container server"} 1.0'
+    ]
+    assert f"whyrestart_container_restarts{{{unit}}} 2.0" in text
+    assert "restart_count=" not in text and "podman other" not in text
+    m.identity(k8s, RuntimeIdentity("containerd", "cd" * 32, uid, 3))  # the next attempt
+    text = generate_latest(m.registry).decode()
+    info = [ln for ln in text.splitlines() if ln.startswith("whyrestart_container_info{")]
+    assert len(info) == 1 and "cd" * 32 in info[0], info
+    assert f"whyrestart_container_restarts{{{unit}}} 3.0" in text
+    clock.now = 61
+    assert m.expire(lambda unit: False) == 1
+    text = generate_latest(m.registry).decode()
+    assert "whyrestart_container_info{" not in text and "whyrestart_container_restarts{" not in text
+    m.identity(k8s, RuntimeIdentity("containerd", "cd" * 32, uid, 3))  # (the unit is back)
+    m.identity(k8s, RuntimeIdentity("containerd", "cd" * 32, uid, 3))
+    text = generate_latest(m.registry).decode()
+    assert text.count("whyrestart_container_info{") == 1
+    assert f"whyrestart_container_restarts{{{unit}}} 3.0" in text
+
+
 def test_a_process_outside_any_unit_makes_no_series_of_its_own() -> None:
     assert label_parts("sh (pid 4242)") == {"unit": ""}
     assert label_parts("podman llm") == {"unit": "podman llm", "container_name": "llm"}
@@ -392,6 +431,10 @@ def test_log_line_uses_opentelemetry_names() -> None:
         a["whyrestart.cause"] == "cgroup_oom" and a["whyrestart.incident"] == "20260101T000000Z-7"
     )
     assert rec["severity_text"] == "WARN"
+    # named from its labels, not by a CRI runtime: none of the runtime's facts, not even empty
+    assert not {"k8s.pod.uid", "k8s.container.restart_count", "container.id"} & set(a)
+    assert "container.runtime.name" not in a
+    assert "attributes" not in verdict_entry(v, BOOT, 0, None, label_parts(v.unit))
 
 
 def test_the_journal_rotates_and_history_reads_both_generations(tmp_path: object) -> None:

@@ -279,29 +279,46 @@ def test_the_agent_labels_a_pods_oom_kill_from_cri(
     tmp_path: Path, kubelet: Kubelet, containerd_node: ContainerdNode
 ) -> None:
     """The always-on agent, finding the node's runtime as crictl does: a pod container's OOM
-    kill is counted in /metrics and logged as JSON under its namespace, pod and container."""
+    kills (attempt 0, then the kubelet's restart as attempt 1) are counted in /metrics and
+    logged as JSON under its namespace, pod and container, each with the pod uid, container id
+    and restart count containerd's ContainerStatus gives for that attempt (OpenTelemetry's
+    k8s.pod.uid, container.id, k8s.container.restart_count, container.runtime.name), in its
+    log line and its journal entry alike."""
+    from tests.cri import POD_UID
     from tests.test_agent_root import AgentProc, until
+    from tracer.agent.journal import read_journal
 
     k = kubelet
     k.make_pod_cgroup()
     k.run_sandbox()
     env = {"CONTAINER_RUNTIME_ENDPOINT": f"unix://{containerd_node.socket}"}
     agent = AgentProc(tmp_path / "state", env=env)
+    labels = ('container="hog"', 'namespace="wrcri"', f'pod="{k.name}"')
+
+    def counted(name: str = "whyrestart_oom_kills_total") -> list[str]:
+        return [
+            ln
+            for ln in agent.metrics().splitlines()
+            if ln.startswith(name + "{") and all(x in ln for x in labels)
+        ]
+
     try:
         agent.wait_ready()
-        run_to_exit(k, containerd_node.image, ["awk", AWK_HOG], 32 * MiB)
-        labels = ('container="hog"', 'namespace="wrcri"', f'pod="{k.name}"')
-
-        def counted() -> list[str]:
-            return [
-                ln
-                for ln in agent.metrics().splitlines()
-                if ln.startswith("whyrestart_oom_kills_total{") and all(x in ln for x in labels)
-            ]
-
-        until(counted, 60)
+        attempts = []
+        for n in range(2):
+            if n:
+                time.sleep(BACKOFF_S)
+            attempts.append(run_to_exit(k, containerd_node.image, ["awk", AWK_HOG], 32 * MiB))
+            want = f" {n + 1}.0"  # (each kill counted before the next attempt starts)
+            until(lambda: any(ln.endswith(want) for ln in counted()), 60)  # noqa: B023
         ooms = counted()
-        assert len(ooms) == 1 and ooms[0].endswith(" 1.0"), ooms
+        assert len(ooms) == 1 and ooms[0].endswith(" 2.0"), ooms
+        # one info series, the newest attempt's container; its count a value, not a label
+        last_id = attempts[-1][0]
+        info = counted("whyrestart_container_info")
+        assert len(info) == 1 and f'container_id="{last_id}"' in info[0], info
+        assert f'pod_uid="{k.uid}"' in info[0] and 'container_runtime="containerd"' in info[0]
+        assert [ln.rsplit(" ", 1)[1] for ln in counted("whyrestart_container_restarts")] == ["1.0"]
         code, out = agent.stop()
         assert code == 0
     finally:
@@ -309,14 +326,26 @@ def test_the_agent_labels_a_pods_oom_kill_from_cri(
             agent.proc.kill()
     unit = f"pod wrcri/{k.name} container hog"
     lines = [orjson.loads(ln) for ln in out.splitlines()]
-    mine = [ln for ln in lines if ln["attributes"].get("whyrestart.unit") == unit]
-    assert mine and mine[0]["attributes"]["whyrestart.cause"] == "cgroup_oom", lines[-3:]
-    attrs = mine[0]["attributes"]
-    assert (attrs["k8s.namespace.name"], attrs["k8s.pod.name"], attrs["k8s.container.name"]) == (
-        "wrcri",
-        k.name,
-        "hog",
-    )
+    mine = [ln["attributes"] for ln in lines if ln["attributes"].get("whyrestart.unit") == unit]
+    assert [a["whyrestart.cause"] for a in mine] == ["cgroup_oom"] * 2, lines[-3:]
+    # what containerd returned for each attempt, read back over CRI
+    said = [(cid, st.labels[POD_UID], st.metadata.attempt) for cid, st in attempts]  # type: ignore[attr-defined]
+    assert [s[1] for s in said] == [k.uid] * 2 and [s[2] for s in said] == [0, 1]
+    got = [(a["container.id"], a["k8s.pod.uid"], a["k8s.container.restart_count"]) for a in mine]
+    assert got == said
+    for a in mine:
+        assert (a["k8s.namespace.name"], a["k8s.pod.name"], a["k8s.container.name"]) == (
+            "wrcri",
+            k.name,
+            "hog",
+        )
+        assert a["container.runtime.name"] == "containerd"
+    state = tmp_path / "state"
+    journal = read_journal(str(state / "journal.1.jsonl"), str(state / "journal.jsonl"))
+    entries = [e for e in journal if e["kind"] == "verdict" and e["unit"] == unit]
+    assert [(e["attributes"]["container.id"], e["attributes"]["k8s.pod.uid"]) for e in entries] == [
+        s[:2] for s in said
+    ]
 
 
 def test_postmortem_of_a_pods_container_reads_its_container_status(

@@ -56,6 +56,7 @@ def test_daemonset_grants_what_the_agent_reads() -> None:
         "/sys/kernel/tracing",
         "/dev/kmsg",
         "/var/lib/whyrestart",
+        "/run/containerd",  # the CRI socket (tracer/runtimes/cri.py's default)
     } <= mounts
     _agent_args(c["args"])
     assert "--metrics-addr=0.0.0.0:9464" in c["args"]
@@ -130,3 +131,30 @@ def test_the_unit_may_resume_a_held_process_of_any_user() -> None:
     for key in ("AmbientCapabilities", "CapabilityBoundingSet"):
         [caps] = re.findall(rf"^{key}=(.*)$", text, re.M)
         assert "CAP_KILL" in caps.split(), key
+
+
+def test_the_image_installs_what_the_cri_client_imports() -> None:
+    """Every module outside the standard library and the package that tracer/runtimes/cri.py
+    imports (grpc, when it asks a node's CRI socket) is a requirement of the `cri` extra, and
+    the image installs that extra from a wheelhouse that holds it (scripts/build downloads it;
+    deploy/Containerfile installs it and imports grpc in its builder). tests/test_image_root.py
+    asks a real containerd from the built image."""
+    import ast
+    import sys
+
+    tree = ast.parse((ROOT / "tracer" / "runtimes" / "cri.py").read_text())
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
+                for a in n.names}  # fmt: skip
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree)
+                 if isinstance(n, ast.ImportFrom) and n.module and not n.level}  # fmt: skip
+    third_party = imported - set(sys.stdlib_module_names) - {"tracer", "__future__"}
+    assert third_party == {"grpc"}, third_party  # (import name grpc: distribution grpcio)
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    assert [r for r in extras["cri"] if re.match(r"grpcio\b", r)], extras["cri"]
+    containerfile = (ROOT / "deploy" / "Containerfile").read_text()
+    assert "--find-links /tmp/wheelhouse 'whyrestart[cri]'" in containerfile
+    assert "python3 -c 'import grpc'" in containerfile
+    build = (ROOT / "scripts" / "build").read_text()
+    assert '--dest dist/wheelhouse "whyrestart[cri] @ file://' in build

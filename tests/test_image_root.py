@@ -32,6 +32,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.containerd import ContainerdNode
 from tests.test_agent_root import free_port, until
 from tests.test_wheel_root import assert_names_the_old_kernel
 from tests.workloads import HOG, in_cgroup
@@ -148,6 +149,25 @@ def test_image_builds_on_a_local_base_and_doctor_passes_in_it(image: str) -> Non
     assert checks["hook:exit"]["ok"] is True
 
 
+def test_the_image_reads_a_nodes_cri_socket(image: str, containerd_node: ContainerdNode) -> None:
+    """grpcio is in the image (the `cri` extra): whyrestart's CRI client in it asks this
+    session's private containerd (tests/containerd.py), its socket mounted where a node has it,
+    and is answered by name (without grpcio it would say "grpcio is not installed")."""
+    code = (
+        "import grpc; from tracer.runtimes.cri import CriRuntime; "
+        "rt = CriRuntime('/run/containerd/containerd.sock'); "
+        "print(rt.available(), rt.name, rt.last_error)"
+    )
+    r = subprocess.run(
+        ["podman", "run", "--rm", "--network=none",
+         "-v", f"{containerd_node.socket}:/run/containerd/containerd.sock",
+         "--entrypoint=python3", image, "-c", code],
+        capture_output=True, text=True, timeout=120, env=ENV,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout == "True containerd None\n", (r.stdout, r.stderr[-3000:])
+
+
 # -- the DaemonSet, run by podman ----------------------------------------------------------------
 
 
@@ -197,6 +217,8 @@ def podman_run_args(state: Path, port: int) -> tuple[list[str], list[str]]:
             host = v["hostPath"]["path"]
             if host == "/var/lib/whyrestart":
                 host = str(state)
+            elif v["hostPath"].get("type") == "DirectoryOrCreate":
+                os.makedirs(host, exist_ok=True)  # (as the kubelet makes it)
             ro = ":ro" if m.get("readOnly") else ""
             flags += ["-v", f"{host}:{target}{ro}"]
         elif "emptyDir" in v:

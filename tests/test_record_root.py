@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.recording import record
+from tests.recording import record, record_while
 from tests.workloads import HOG, cache_churn, in_cgroup
 from tracer.events import Exec, Exit, KmsgOom, OomKill, Signal
 from tracer.pipeline.record import Recorder, RecordResult, Targets
@@ -301,3 +301,31 @@ def test_an_added_sink_sees_exactly_what_the_trace_holds(tmp_path: Path) -> None
     assert sink.footer is not None and trace.footer is not None
     assert sink.footer.counts == trace.footer.counts == res.counts
     assert [e for e in sink.events if isinstance(e, Exit) and e.wait.code == 5]
+
+
+def test_a_program_started_beside_an_in_process_recording_keeps_the_tests_limits(
+    tmp_path: Path,
+) -> None:
+    """tests/recording.py records in the test's own process: a program the test starts while
+    it records (podman, and the container it starts) and after it sees the test's own
+    oom_score_adj and data limit, not the recorder's guard (tracer/selfguard.py), which the
+    header says is off."""
+    from tracer import selfguard
+
+    probe = ["sh", "-c", "cat /proc/self/oom_score_adj; grep 'Max data' /proc/self/limits"]
+
+    def limits() -> str:
+        return subprocess.run(probe, capture_output=True, text=True, check=True).stdout
+
+    before = limits()
+    assert before.split()[0] != str(selfguard.OOM_SCORE_ADJ), before
+    target = subprocess.Popen(["sleep", "60"])
+    seen: list[str] = []
+    try:
+        res = record_while(tmp_path, "", lambda: seen.append(limits()), pids=[target.pid])
+    finally:
+        target.kill()
+        target.wait()
+    assert seen == [before]
+    assert limits() == before
+    assert res.header.extra["self_protection"] == {"off": selfguard.OFF}

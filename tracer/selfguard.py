@@ -12,9 +12,13 @@ down, nor the one the OOM killer spares the workload for.
   object makes libbpf parse the kernel's whole BTF (about 11 MB here) and free it again, and
   glibc keeps freed heap mapped unless asked; called after start-up and once a minute.
 
-Both limits are restored when the recording ends (tests record in-process), and written into the
-trace header. Both are inherited across fork, so the recorded command undoes them in its child
-before exec (`Guard.reset_in_child`): the workload must keep its own OOM score and limits.
+Both limits are restored when the recording ends, and written into the trace header. Both are
+inherited across fork, so the recorded command undoes them in its child before exec
+(`Guard.reset_in_child`): the workload must keep its own OOM score and limits. They are the
+whole process's, though, so every other child started while the recording runs inherits them
+too: a program that records in one of its threads while it starts other programs (the tests,
+which start containers beside a recording) turns the guard off (``guarded(apply=False)``,
+through the recorder profile's ``self_guard``) rather than hand it to them.
 """
 
 from __future__ import annotations
@@ -29,14 +33,19 @@ OOM_SCORE_ADJ = -900
 DATA_LIMIT_BYTES = 1 << 30
 
 
+OFF = "off: the recording shares its process with other work (Profile.self_guard)"
+
+
 class Guard:
     def __init__(self, proc_root: str) -> None:
         self.path = f"{proc_root}/self/oom_score_adj"
         self.applied: dict[str, Any] = {}
         self.old_adj: str | None = None
         self.old_limit = resource.getrlimit(resource.RLIMIT_DATA)
+        self._on = False
 
     def apply(self) -> None:
+        self._on = True
         try:
             with open(self.path) as f:
                 self.old_adj = f.read().strip()
@@ -57,6 +66,8 @@ class Guard:
 
     def reset_in_child(self) -> None:
         """In the forked command, before exec: give it back what the recorder had."""
+        if not self._on:
+            return
         with contextlib.suppress(OSError, ValueError):
             resource.setrlimit(resource.RLIMIT_DATA, self.old_limit)
         if self.old_adj is not None:
@@ -68,10 +79,14 @@ class Guard:
 
 
 @contextlib.contextmanager
-def guarded(proc_root: str = "/proc") -> Iterator[Guard]:
-    """Apply the protections for the duration of a recording."""
+def guarded(proc_root: str = "/proc", apply: bool = True) -> Iterator[Guard]:
+    """Apply the protections for the duration of a recording (``apply`` False: none, and the
+    header says they are off)."""
     guard = Guard(proc_root)
-    guard.apply()
+    if apply:
+        guard.apply()
+    else:
+        guard.applied["off"] = OFF
     try:
         yield guard
     finally:

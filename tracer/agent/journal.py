@@ -18,12 +18,16 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from tracer.agent.otel import runtime_attributes
 from tracer.analysis.findings import Restart, Verdict
 from tracer.clock import wall_time
+
+if TYPE_CHECKING:
+    from tracer.pipeline.follow import RuntimeIdentity
 
 SCHEMA = 1
 MAX_HELD = 10_000
@@ -34,9 +38,16 @@ def verdict_key(boot: str, pid: int, ts: int) -> str:
 
 
 def verdict_entry(
-    v: Verdict, boot: str, clock_offset_ns: int, incident: str | None, labels: dict[str, str]
+    v: Verdict,
+    boot: str,
+    clock_offset_ns: int,
+    incident: str | None,
+    labels: dict[str, str],
+    identity: RuntimeIdentity | None = None,
 ) -> dict[str, Any]:
-    return {
+    """``attributes``: the unit's CRI identity under OpenTelemetry's names, as the log line
+    has them (tracer.agent.otel.runtime_attributes); only where a CRI runtime named the unit."""
+    entry = {
         "schema": SCHEMA,
         "kind": "verdict",
         "key": verdict_key(boot, v.pid, v.ts),
@@ -52,10 +63,14 @@ def verdict_entry(
         "incident": incident,
         "verdict": v.to_json(),
     }
+    return _with_identity(entry, identity)
 
 
-def restart_entry(r: Restart, boot: str, clock_offset_ns: int) -> dict[str, Any]:
-    return {
+def restart_entry(
+    r: Restart, boot: str, clock_offset_ns: int, identity: RuntimeIdentity | None = None
+) -> dict[str, Any]:
+    """``attributes``: as a verdict's; the identity is the new container's (its id, its count)."""
+    entry = {
         "schema": SCHEMA,
         "kind": "restart",
         "key": f"{boot}/restart/{r.old_pid}/{r.new_pid}/{r.ts}",
@@ -66,6 +81,14 @@ def restart_entry(r: Restart, boot: str, clock_offset_ns: int) -> dict[str, Any]
         "cause": r.cause,
         "restart": r.to_json(),
     }
+    return _with_identity(entry, identity)
+
+
+def _with_identity(entry: dict[str, Any], identity: RuntimeIdentity | None) -> dict[str, Any]:
+    attrs = runtime_attributes(identity)
+    if attrs:
+        entry["attributes"] = attrs
+    return entry
 
 
 def parse_lines(lines: Iterable[bytes]) -> Iterator[dict[str, Any]]:

@@ -2,6 +2,12 @@
 kube-state-metrics: ``namespace``, ``pod``, ``container`` for a Kubernetes pod's container,
 empty otherwise; ``unit`` is whyrestart's name for what restarted).
 
+A Kubernetes container a node's CRI runtime named has one ``whyrestart_container_info`` series
+(kube-state-metrics' ``kube_pod_container_info``: its ``pod_uid``, ``container_id`` and
+``container_runtime`` as labels, value 1; a restart's new container replaces it) and
+``whyrestart_container_restarts``, the runtime's restart count as the value, never a label: a
+unit's series stay one per unit.
+
 Label cardinality is bounded: a unit's series are removed once the unit has been quiet for
 ``series_ttl_s`` and its cgroup is gone (``alive`` says whether a unit still exists), as
 kube-state-metrics drops a deleted pod's series. The agent's own cost is there too: CPU seconds
@@ -13,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.process_collector import ProcessCollector
@@ -27,7 +33,11 @@ from tracer.analysis.findings import (
     Verdict,
 )
 
+if TYPE_CHECKING:
+    from tracer.pipeline.follow import RuntimeIdentity
+
 UNIT_LABELS = ("unit", "namespace", "pod", "container")
+IDENTITY_LABELS = ("pod_uid", "container_id", "container_runtime")
 DEFAULT_SERIES_TTL_S = 600.0
 
 
@@ -101,7 +111,9 @@ class Metrics:
         # unit labels -> the (metric, full label values) children made for it, to remove them
         # unit labels -> {(metric, label values): its child}: the children are kept, not asked
         # for again (``labels()`` validates and locks: a third of the cost of a verdict's count)
-        self._children: dict[tuple[str, ...], dict[tuple[Counter, tuple[str, ...]], Any]] = {}
+        self._children: dict[
+            tuple[str, ...], dict[tuple[Counter | Gauge, tuple[str, ...]], Any]
+        ] = {}
         self._lost_seen = 0
         self.signals_unrecorded = Counter(
             "whyrestart_signals_unrecorded",
@@ -120,6 +132,20 @@ class Metrics:
             registry=reg,
         )
         self._eta_shown: set[tuple[str, ...]] = set()
+        self._shown: dict[tuple[str, ...], RuntimeIdentity] = {}  # unit labels -> its series'
+        self.container_info = Gauge(
+            "whyrestart_container_info",
+            "A Kubernetes container as the node's CRI runtime names it (one series per unit: "
+            "a restart's new container replaces it)",
+            [*u, *IDENTITY_LABELS],
+            registry=reg,
+        )
+        self.runtime_restarts = Gauge(
+            "whyrestart_container_restarts",
+            "The unit's container's restart count as its CRI runtime gives it (the kubelet's)",
+            list(u),
+            registry=reg,
+        )
 
     # -- updates ------------------------------------------------------------------------------
 
@@ -145,6 +171,32 @@ class Metrics:
             self._inc(self.oom_kills, labels, (scope,))
         if v.cause == APP_EXIT and v.exit_code == 0:
             self._inc(self.clean, labels)
+
+    def identity(self, labels: dict[str, str], identity: RuntimeIdentity | None) -> None:
+        """The unit's CRI identity (none: nothing). The series of a container before it (the
+        last attempt's id) is removed, so a crash loop keeps one info series, not one per run;
+        expiry takes both with the unit's other series."""
+        if identity is None:
+            return
+        key = tuple(labels.get(k, "") for k in UNIT_LABELS)
+        self._seen[key] = self.clock()
+        if self._shown.get(key) == identity:
+            return  # (every verdict of the unit comes here: the series are made once)
+        self._shown[key] = identity
+        children = self._children.setdefault(key, {})
+        values = (*key, identity.pod_uid or "", identity.container_id, identity.runtime)
+        info = self.container_info
+        for metric, old in [k for k in children if k[0] is info and k[1] != values]:
+            del children[(metric, old)]
+            metric.remove(*old)
+        if (info, values) not in children:
+            children[(info, values)] = info.labels(*values)
+            children[(info, values)].set(1)
+        if identity.restart_count is not None:
+            child = children.get((self.runtime_restarts, key))
+            if child is None:
+                child = children[(self.runtime_restarts, key)] = self.runtime_restarts.labels(*key)
+            child.set(identity.restart_count)
 
     def clean_exits(self, labels: dict[str, str], n: int) -> None:
         """Clean exits counted in the kernel, not streamed."""
@@ -194,6 +246,7 @@ class Metrics:
         ]
         for key in gone:
             del self._seen[key]
+            self._shown.pop(key, None)
             for metric, values in self._children.pop(key, {}):
                 metric.remove(*values)
         return len(gone)

@@ -34,6 +34,7 @@ from tracer.clock import wall_time
 from tracer.errors import UsageError
 from tracer.events import CgroupInfo, CgroupSample, Event, Lost, ReclaimStall, ReclaimSummary
 from tracer.pipeline.assembly import Profile
+from tracer.pipeline.follow import RuntimeIdentity
 from tracer.pipeline.record import Recorder, Targets
 from tracer.safetext import field
 from tracer.sources.cgroupfs import CgroupLayout, CgroupResolver
@@ -229,15 +230,24 @@ class Agent:
         assert self.recorder is not None
         return self.recorder.analyzer
 
+    def _identity(self, unit: str | None) -> RuntimeIdentity | None:
+        """The unit's CRI identity, when a node's CRI runtime named it (the follower keeps it)."""
+        follower = self.recorder.follower if self.recorder is not None else None
+        return follower.identity(unit) if follower is not None else None
+
     def _verdict(self, v: Verdict) -> None:
         labels = label_parts(v.unit)
+        identity = self._identity(v.unit)
         self.metrics.verdict(v, labels)
+        self.metrics.identity(labels, identity)
         if not notable(v, labels["unit"] != ""):
             return
         incident = self.incidents.add(v)
-        self.journal.add(verdict_entry(v, self.boot, self._clock_offset(), incident, labels))
+        self.journal.add(
+            verdict_entry(v, self.boot, self._clock_offset(), incident, labels, identity)
+        )
         if self.config.log_format == "json":
-            self.out(log_line(v, self._clock_offset(), incident))
+            self.out(log_line(v, self._clock_offset(), incident, identity))
         elif self.config.log_format == "text":
             when = wall_time(v.ts, self._clock_offset()).isoformat(timespec="milliseconds")
             self.out(
@@ -266,8 +276,10 @@ class Agent:
         self._next_housekeeping = now + HOUSEKEEPING_S
         # (a restart goes out once its old exit's verdict names its cause; none is kept)
         for r in self._analyzer().take_restarts(final=force):
-            self.metrics.restart(r, label_parts(r.unit))
-            self.journal.add(restart_entry(r, self.boot, self._clock_offset()))
+            labels, identity = label_parts(r.unit), self._identity(r.unit)
+            self.metrics.restart(r, labels)
+            self.metrics.identity(labels, identity)
+            self.journal.add(restart_entry(r, self.boot, self._clock_offset(), identity))
         self._clean_exits()
         if self.recorder is not None and self.recorder.kernel is not None:
             self.metrics.signals_unsent(self.recorder.kernel.signals_unsent())

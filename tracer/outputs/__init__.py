@@ -43,6 +43,9 @@ unless a name ends in ``_ns`` (CLOCK_BOOTTIME nanoseconds); sizes are bytes.
           "time": str,                     # RFC 3339, the exit (or the new main's start)
           "ts_ns": int, "boot_id": str,
           "unit": str | null, "cause": str,
+          # only for a unit a node's CRI runtime named (the log line's names and values):
+          "attributes"?: {"k8s.pod.uid"?: str, "k8s.container.restart_count"?: int,
+                          "container.id": str, "container.runtime.name": str},
           # kind "verdict":
           "labels": {"unit": str, "namespace"?: str, "pod"?: str, "container"?: str,
                      "container_name"?: str},  # as the metrics label it

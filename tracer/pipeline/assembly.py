@@ -43,7 +43,12 @@ class Profile:
     verdict is kept (the agent's sinks take each one as it comes). The rest is the loop's pace:
     how long a step waits for the ring (``idle_poll_ms`` once quiet for a second), how often the
     cgroups are sampled (a quiet one in full only every ``quiet_interval_ns``), the longest gap
-    between two GPU rescans of a process, and the reclaim stall worth an event of its own."""
+    between two GPU rescans of a process, and the reclaim stall worth an event of its own.
+
+    ``self_guard``: the recorder bounds its own memory and lowers its OOM score
+    (tracer.selfguard) while it runs. Those are its whole process's, so a program that runs a
+    recording in a thread beside other work (the tests, which start containers while one
+    records) turns it off: whatever it starts meanwhile would inherit them."""
 
     agent: bool = False
     poll_ms: int = POLL_MS
@@ -52,6 +57,7 @@ class Profile:
     quiet_interval_ns: int | None = None
     gpu_rescan_max_gap_ns: int = SCAN_INTERVAL_NS
     stall_threshold_ns: int = DEFAULT_STALL_THRESHOLD_NS
+    self_guard: bool = True
 
 
 INTERACTIVE = Profile()  # record, tail, repro

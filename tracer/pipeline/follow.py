@@ -13,6 +13,9 @@ to the kernel's watched set. It owns:
   the watched map; a systemd unit is followed at the path its slice gives it, from before it
   first starts (systemd removes a unit's cgroup when it stops and may between restarts);
 * restart counts from the supervisors (a background poller, never blocking the recorder);
+* Kubernetes identity: for a unit a node's CRI runtime named, its pod's uid, its container's
+  id, the runtime's name and restart count (``identity``: the agent's OpenTelemetry
+  attributes and its info series; no such identity for units named any other way);
 * health: ``--probe`` probers, and a runtime's exec health checks seen in the kernel: a process
   exec'd into a followed container that does not descend from its main process (``podman
   healthcheck run``, ``docker exec``) becomes a probe sample with its duration and exit code.
@@ -56,6 +59,24 @@ class Followed:
     checks: dict[int, int] = field(default_factory=dict)  # exec'd-in pid -> exec ts
 
 
+@dataclass(frozen=True, slots=True)
+class RuntimeIdentity:
+    """A unit's container as a Kubernetes node's CRI runtime described it when it was named:
+    the newest container under the unit's label (a restart is a new container, new id, the
+    kubelet's attempt + 1). The facts OpenTelemetry names ``container.runtime.name``,
+    ``container.id``, ``k8s.pod.uid`` and ``k8s.container.restart_count``."""
+
+    runtime: str  # what the runtime's Version says it is: "containerd", "cri-o"
+    container_id: str
+    pod_uid: str | None  # None when the container carries no io.kubernetes.pod.uid label
+    restart_count: int | None
+
+
+# labels whose identity is kept: the newest first out (a node's jobs make pods by the thousand;
+# the agent names each at most once, and a unit gone this long has no verdict left to come)
+MAX_IDENTITIES = 65536
+
+
 @dataclass
 class ProbeSetup:
     specs: list[ProbeSpec]
@@ -94,6 +115,7 @@ class Follower:
         # label -> the container polled for it (a Kubernetes restart is a new container under
         # the same label: the newest one is polled, its count the kubelet's attempt)
         self._polled: dict[str, str] = {}
+        self._identities: dict[str, RuntimeIdentity] = {}  # unit label -> its CRI identity
         self.probers: list[Prober] = []
         self._probe_specs: list[ProbeSpec] = []
         for name in containers:
@@ -136,6 +158,7 @@ class Follower:
                 if info.pid:
                     f.members.add(info.pid)
                 self._answered_by[info.id] = rt
+                self._learn(label, rt, info)
                 return f
         reasons = "; ".join(
             [rt.last_error or f"{rt.name}: not found" for rt in self.runtimes] + self._why_not()
@@ -253,6 +276,8 @@ class Follower:
                 main_pid=main,
             )
             label = unit_names.from_info(kind, unit.key, name, pod).label
+            if found is not None:
+                self._learn(label, self._answered_by.get(found.id), found)
             if found is not None and self._polled.get(label) != found.id:
                 rt = self._answered_by.get(found.id)
                 if rt is not None and created:
@@ -266,6 +291,24 @@ class Follower:
             )
         self._named[cgroup_id] = info
         return info
+
+    def identity(self, label: str | None) -> RuntimeIdentity | None:
+        """The CRI identity of the unit labelled ``label``; None for a unit no CRI runtime
+        named (Docker, podman, systemd, a pod named from its cgroup and the kubelet's files)."""
+        return self._identities.get(label) if label else None
+
+    def _learn(self, label: str, rt: Runtime | None, info: ContainerInfo) -> None:
+        if not isinstance(rt, CriRuntime):
+            return
+        self._identities.pop(label, None)  # (re-inserted: the newest last, the oldest dropped)
+        self._identities[label] = RuntimeIdentity(
+            runtime=info.runtime,
+            container_id=info.id,
+            pod_uid=info.pod_uid,
+            restart_count=info.restart_count,
+        )
+        if len(self._identities) > MAX_IDENTITIES:
+            del self._identities[next(iter(self._identities))]
 
     def forget_cgroups(self, ids: Iterable[int]) -> None:
         """Cgroups that are gone (``Recorder.forget_cgroups``)."""

@@ -283,7 +283,7 @@ class Recorder:
 
     def run(self) -> RecordResult:
         preflight()
-        with selfguard.guarded() as guard:
+        with selfguard.guarded(apply=self.profile.self_guard) as guard:
             self._guard = guard
             return self._run_guarded()
 

@@ -80,6 +80,9 @@ class ContainerInfo:
     # when not known ahead
     cgroup_when_started: str | None = None
     health: tuple[tuple[int, int, int], ...] = ()  # health log: (start ns, end ns, exit code)
+    # the Kubernetes pod's uid where the runtime keeps it (CRI: the kubelet's
+    # io.kubernetes.pod.uid label); None elsewhere
+    pod_uid: str | None = None
 
 
 class LookupFailed(Exception):

@@ -14,7 +14,7 @@ unavailable and says why; pods are then named from their cgroups (tracer.analysi
 the kubelet's files (tracer.runtimes.kubernetes).
 
 What the kubelet puts on each container and is read back here (pkg/kubelet/kuberuntime/
-labels.go): labels ``io.kubernetes.pod.{name,namespace,uid}`` and
+labels.go): labels ``io.kubernetes.pod.{name,namespace,uid}`` (the uid is ``pod_uid``) and
 ``io.kubernetes.container.name``; annotation ``io.kubernetes.container.restartCount`` (the
 kubelet's restart count: a restart is a new container with ``metadata.attempt`` + 1, the same
 number). The runtime's own record of the last exit: ``exit_code``, ``reason`` (containerd says
@@ -208,6 +208,7 @@ def info_from_status(response: bytes, runtime: str, proc_root: str = "/proc") ->
         started_ns=started or None,
         finished_ns=finished if exited and finished else None,
         cgroup_when_started=spec_path,
+        pod_uid=labels.get(POD_UID) or None,
     )
 
 
