@@ -67,9 +67,11 @@ def probe_kill(v: ExitView, kill: SenderKill) -> Finding | None:
     t = thrash_before(v, failing[0].ts, last.ts)
     if t is not None:
         ev.append((t.ts, say.thrash_evidence(t)))
+    # (a server re-reading its weights on every request is serving slowly, not starting: a
+    # load reads its files once, which is never thrash)
+    starting = t is None and never_healthy(v, last.ts) is not None
     # only slow, never failed: the supervisor's patience is inferred, not recorded
     slow_only = all(p.ok and not p.timed_out for p in failing)
-    starting = never_healthy(v, last.ts) is not None
     summary, advice = say.probe_kill_text(
         kill.who.description,
         kill.how,
