@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -118,15 +119,21 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def drop_cached(path: Path) -> None:
-    """The model's pages out of the page cache: pages stay charged to the cgroup that read them
-    first (the test that generated the model), so without this the server's cgroup would be
-    charged nothing for them and could not thrash."""
-    fd = os.open(path, os.O_RDONLY)
+def private_copy(model: Path, folder: Path) -> Path:
+    """A copy of the model that no other process maps, out of the page cache: a page stays
+    charged to the cgroup that read it first (whoever generated or served the shared file), so
+    the server's cgroup would be charged nothing for the shared file's pages and could not
+    thrash. (The copy's pages, written from here, are clean after the fsync and unmapped:
+    POSIX_FADV_DONTNEED drops them all.)"""
+    copy = folder / model.name
+    shutil.copyfile(model, copy)
+    fd = os.open(copy, os.O_RDONLY)
     try:
+        os.fsync(fd)
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(fd)
+    return copy
 
 
 def client(base: str, stop: threading.Event) -> None:
@@ -143,8 +150,8 @@ def client(base: str, stop: threading.Event) -> None:
 def test_mapped_weights_over_the_limit_thrash_until_a_work_probe_kills_the_server(
     tmp_path: Path, built: tuple[Path, Path], cgroup: ChildCgroup
 ) -> None:
-    binary, model = built
-    drop_cached(model)
+    binary, shared = built
+    model = private_copy(shared, tmp_path)
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     (tmp_path / "supervisor.py").write_text(SUPERVISOR)

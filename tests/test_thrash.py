@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import signal
 
+import msgspec
+
 from tests.streams import cgroup, execd, killed, one, probe, sample, sent
 from tracer.analysis.analyzer import Analyzer
 from tracer.analysis.thrash import MIN_RATE, PAGE_SIZE, detect
@@ -55,6 +57,15 @@ def test_a_trickle_of_refaults_or_a_short_burst_is_not() -> None:
     assert 5_000 * PAGE_SIZE >= MIN_RATE
     assert detect(thrashing(1, 150_000)) is None  # 1 s: too short to say
     assert detect([s for s in thrashing(6, 150_000) if s.ts == 0]) is None
+
+
+def test_a_cgroup_below_its_limit_or_without_one_is_not_to_blame() -> None:
+    """An ancestor (no limit of its own) counts its children's refaults: not its thrash."""
+    low = [msgspec.structs.replace(s, usage_bytes=120 * MiB) for s in thrashing(6, 150_000)]
+    assert detect(low) is None
+    free = [msgspec.structs.replace(s, limit_bytes=None) for s in thrashing(6, 150_000)]
+    assert detect(free) is None
+    assert detect(free, limit=200 * MiB) is not None  # the effective limit, an ancestor's
 
 
 def test_samples_without_the_counter_say_nothing() -> None:
