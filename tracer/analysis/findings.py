@@ -135,9 +135,17 @@ class Restart:
     new_pid: int
     downtime_ns: int
     cause: str  # the old main process's verdict
+    # memory still charged to the unit's cgroup after the old run ended, before the new one
+    # started (tmpfs files, page cache: they outlive a process), when it was sampled then and
+    # is worth saying (processes.CARRIED_MIN); ``carried`` says it in words
+    carried_bytes: int | None = None
+    carried: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self.__slots__}
+        out = {name: getattr(self, name) for name in self.__slots__}
+        if self.carried_bytes is None:
+            del out["carried_bytes"], out["carried"]
+        return out
 
 
 def verdict(ex: Exit, f: Finding, unit: str | None, main: bool) -> Verdict:

@@ -22,6 +22,7 @@ from tracer.analysis.evidence import MAX_PIDS, Evidence
 from tracer.analysis.findings import Restart, Verdict
 from tracer.analysis.senders import IS_PLUMBING, SELF_EXE
 from tracer.analysis.units import CONTAINER_KINDS, UNSET, UnitName, unit_of_cgroup
+from tracer.analysis.wording import carried_memory
 from tracer.events import Exec, Exit, Fork
 
 SECOND = 1_000_000_000
@@ -30,6 +31,7 @@ HELPER_NS = 2 * SECOND  # a systemd unit's main process this short-lived and cle
 # oldest go first (an always-on agent sees a unit's main process end many thousands of times)
 MAX_CAUSES = 65536
 MAX_UNIT_DEATHS = 4096  # units whose recent deaths are remembered (cleared when full)
+CARRIED_MIN = 16 << 20  # memory a cgroup holds with no process in it worth saying at a restart
 RELATED_DEATHS_KEPT = 8  # deaths remembered per unit (the first of a cascade is the cause)
 
 
@@ -66,8 +68,8 @@ class ProcessTable:
         # unit key -> (main pid, exit ts) of its last main process to end (kept past a
         # restart: the processes its end took down are judged after)
         self.main_exits: dict[str, tuple[int, int]] = {}
-        # ts, unit, old pid, old exit ts, new pid, the unit's key
-        self.links: list[tuple[int, str, int, int, int, str]] = []
+        # ts, unit, old pid, old exit ts, new pid, the unit's key, the new main's cgroup id
+        self.links: list[tuple[int, str, int, int, int, str, int]] = []
         # (pid, exit ts) -> the cause of that exit's verdict: a restart names it (by pid
         # alone, a later process reusing the pid would relabel it)
         self.cause: OrderedDict[tuple[int, int], str] = OrderedDict()
@@ -319,7 +321,7 @@ class ProcessTable:
         ended = self.ended.pop(unit.key, None)
         if ended is not None and ended[0] != pid:
             old_pid, old_ts = ended
-            self.links.append((ev.ts, unit.label, old_pid, old_ts, pid, unit.key))
+            self.links.append((ev.ts, unit.label, old_pid, old_ts, pid, unit.key, ev.cgroup_id))
 
     def main_exit(self, pid: int, ts: int, start: int, status: int, unit: UnitName) -> None:
         """A unit's main process ended (its next main process will be a restart).
@@ -332,7 +334,7 @@ class ProcessTable:
         if unit.kind == "systemd" and status == 0 and ts - start < HELPER_NS:
             links = self.links
             if links and links[-1][4] == pid and links[-1][5] == unit.key:
-                _, _, old_pid, old_ts, _, _ = links.pop()
+                _, _, old_pid, old_ts, _, _, _ = links.pop()
                 self.ended[unit.key] = (old_pid, old_ts)
             return
         self.ended[unit.key] = self.main_exits[unit.key] = (pid, ts)
@@ -372,8 +374,9 @@ class ProcessTable:
         if len(causes) > MAX_CAUSES:
             causes.popitem(last=False)
 
-    def _restart(self, link: tuple[int, str, int, int, int, str], unjudged: str) -> Restart:
-        ts, unit, old, old_ts, new, _ = link
+    def _restart(self, link: tuple[int, str, int, int, int, str, int], unjudged: str) -> Restart:
+        ts, unit, old, old_ts, new, _, cgroup_id = link
+        carried = self._carried(cgroup_id, old_ts, ts)
         return Restart(
             ts=ts,
             unit=unit,
@@ -381,7 +384,23 @@ class ProcessTable:
             new_pid=new,
             downtime_ns=ts - old_ts,
             cause=self.cause.get((old, old_ts), unjudged),
+            carried_bytes=carried[0] if carried else None,
+            carried=carried[1] if carried else "",
         )
+
+    def _carried(self, cgroup_id: int, ended: int, started: int) -> tuple[int, str] | None:
+        """What the unit's cgroup still held between the old run's end and the new run's
+        start: the last sample taken in between (none: nothing is said; a sample after the
+        start would count the new run's own memory). Said when it is CARRIED_MIN or more, with
+        its tmpfs and page-cache parts (wording.carried_memory)."""
+        samples = self.ev.samples_between(cgroup_id, ended + 1, started)
+        last = samples[-1] if samples else None
+        if last is None or last.usage_bytes is None or last.usage_bytes < CARRIED_MIN:
+            return None
+        st = last.stat
+        shmem = st.get("shmem")
+        cache = max(0, st.get("file", 0) - (shmem or 0)) if "file" in st else None
+        return last.usage_bytes, carried_memory(last.path, last.usage_bytes, shmem, cache)
 
     def restart_counts(self) -> list[tuple[str, int, int | None, str]]:
         """Per unit: (unit, restarts whyrestart linked, restarts the supervisor counted over

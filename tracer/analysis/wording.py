@@ -776,3 +776,20 @@ def thrash_line(unit: str, t: Thrash) -> str:
         "(a model's mapped weights are read again on every request); raise the limit above "
         "them plus the process's own memory"
     )
+
+
+def carried_memory(path: str, used: int, shmem: int | None, cache: int | None) -> str:
+    """A restart that began with memory already charged: how much, and what it was."""
+    parts = []
+    if shmem:
+        parts.append(f"{fmt_bytes(shmem)} tmpfs/shared memory")
+    if cache:
+        parts.append(f"{fmt_bytes(cache)} page cache")
+    what = f" ({', '.join(parts)})" if parts else ""
+    why = (
+        ": files in a memory-backed filesystem outlive the process and count against the "
+        "limit of the next run"
+        if shmem and shmem * 2 >= used
+        else ": left by the previous run, charged to the cgroup until reclaimed"
+    )
+    return f"the new run started with {fmt_bytes(used)} already charged to {path}{what}{why}"

@@ -54,7 +54,8 @@ unless a name ends in ``_ns`` (CLOCK_BOOTTIME nanoseconds); sizes are bytes.
           "verdict": {...}                 # a verdict object, as above
           # kind "restart":
           "restart": {"ts": int, "unit": str, "old_pid": int, "new_pid": int,
-                      "downtime_ns": int, "cause": str}
+                      "downtime_ns": int, "cause": str,
+                      "carried_bytes"?: int, "carried"?: str}  # memory already charged
         }, ...
       ]
     }

@@ -72,6 +72,8 @@ RESTART: dict[str, Any] = {
         "new_pid": _INT,
         "downtime_ns": _INT,
         "cause": {"enum": list(CAUSES)},
+        "carried_bytes": _INT,  # memory already charged when the new run started
+        "carried": _STR,
     },
 }
 

@@ -285,4 +285,6 @@ def verdict_table(
                 f"  {clock.rel(r.ts)}  {esc(r.unit)}: pid {r.old_pid} -> pid {r.new_pid} after "
                 f"{r.downtime_ns / 1e9:.1f} s down ({esc(r.cause)})\n"
             )
+            if r.carried:
+                out += f"    {esc(r.carried)}\n"
     return out
