@@ -9,15 +9,18 @@ must name the mount, its size and use, and advise room on it, not memory.
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
+from tests import podmanimg
 from tests.mt import build as mt_build
-from tests.recording import record
+from tests.recording import record, record_while, wait_for
 from tracer.events import BUS_ADRERR, Signal, TmpfsFull
 from tracer.trace.reader import read_trace
 
@@ -36,19 +39,23 @@ for off in range(0, 16 << 20, 4096):
 print("no SIGBUS", flush=True)
 """
 
-# The same in C, with a SIGBUS handler that waits 0.3 s before it dies of the signal (as a
-# crash reporter writing its report does): the recorder reads the process itself, its maps too.
+# The same in C. With a delay argument, a SIGBUS handler that waits that many ms before it dies
+# of the signal (as a crash reporter writing its report does): the recorder reads the process
+# itself, its maps too.
 SLOW_CRASH = r"""
 #include <fcntl.h>
 #include <signal.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
+static long delay_ms;
+
 static void on_bus(int sig)
 {
-	struct timespec ts = {0, 300 * 1000 * 1000};
+	struct timespec ts = {delay_ms / 1000, (delay_ms % 1000) * 1000 * 1000};
 	nanosleep(&ts, NULL);
 	signal(sig, SIG_DFL);
 	raise(sig);
@@ -63,7 +70,9 @@ int main(int argc, char **argv)
 	char *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (p == MAP_FAILED)
 		return 3;
-	signal(SIGBUS, on_bus);
+	delay_ms = argc > 2 ? atol(argv[2]) : 0;
+	if (delay_ms)
+		signal(SIGBUS, on_bus);
 	memset(p, 1, len);
 	return 0;
 }
@@ -110,16 +119,21 @@ def test_a_crash_on_a_full_tmpfs_names_it_through_its_shell(tmp_path: Path) -> N
     assert res.command_status == 128 + signal.SIGBUS
 
 
-def test_a_crash_that_lingers_is_read_itself(tmp_path: Path) -> None:
+def _build(tmp: Path, *static: str) -> Path:
     cc = mt_build.gcc()
     if cc is None:
         pytest.skip("no C compiler (gcc) to build the crashing writer")
-    src = tmp_path / "slow_crash.c"
+    src = tmp / "slow_crash.c"
     src.write_text(SLOW_CRASH)
-    exe = tmp_path / "slow_crash"
-    subprocess.run([cc, "-O1", "-o", str(exe), str(src)], check=True, capture_output=True)
+    exe = tmp / "slow_crash"
+    subprocess.run([cc, "-O1", *static, "-o", str(exe), str(src)], check=True, capture_output=True)
+    return exe
+
+
+def test_a_crash_that_lingers_is_read_itself(tmp_path: Path) -> None:
+    exe = _build(tmp_path)
     mnt = tmp_path / "mnt"
-    res = record(tmp_path, _in_own_tmpfs(mnt, f"exec {exe} {mnt}/f"))
+    res = record(tmp_path, _in_own_tmpfs(mnt, f"exec {exe} {mnt}/f 300"))
     [full] = [e for e in read_trace(res.path).events if isinstance(e, TmpfsFull)]
     assert (full.mount_point, full.size_bytes, full.used_bytes) == (str(mnt), 4 * MiB, 4 * MiB)
     assert (full.via_pid, full.mapped) == (0, True)  # itself, and it maps a file there
@@ -127,3 +141,53 @@ def test_a_crash_that_lingers_is_read_itself(tmp_path: Path) -> None:
     assert (v.cause, v.confidence) == ("app_exit", "high")
     assert f"the tmpfs {mnt} was full (4.0 MiB of 4.0 MiB used)" in v.summary
     assert "--shm-size" in v.advice
+
+
+def test_a_worker_writing_to_a_containers_full_dev_shm_is_told_shm_size(tmp_path: Path) -> None:
+    # podman run --shm-size 4m: the worker dies of the fault, the container's shell lives on
+    # (a DataLoader's main process after its worker's "bus error"), and the container's own
+    # /dev/shm is the one measured, not the host's. The worker runs a moment before it writes
+    # (as workers do): one that dies within milliseconds of its fork, before the recorder has
+    # decoded the fork, has no mount namespace noted, and nothing is measured for it.
+    exe = _build(tmp_path, "-static")
+    root = tmp_path / "rootfs"
+    root.mkdir()
+    image = f"wr-test-shm-{os.getpid()}"
+    name = f"wr-test-shm-{os.getpid()}-{time.monotonic_ns() % 100000}"
+
+    def prepare() -> None:
+        shutil.copy(exe, root / "bin" / "shmwriter")
+
+    with podmanimg.busybox_image(root, image, ("sh", "sleep"), prepare):
+        podman = podmanimg.podman
+        script = "(sleep 0.3; exec /bin/shmwriter /dev/shm/f); sleep 1"
+        podman(
+            "create",
+            "--name",
+            name,
+            "--network=none",
+            "--shm-size",
+            "4m",
+            image,
+            "sh",
+            "-c",
+            script,
+        )
+
+        def exited() -> bool:
+            return podman("inspect", "-f", "{{.State.Status}}", name).stdout.strip() == "exited"
+
+        def run() -> None:
+            podman("start", name)
+            wait_for(exited)
+
+        try:
+            res = record_while(tmp_path, name, run)
+        finally:
+            podman("rm", "-f", "-t", "0", name, check=False)
+    [full] = [e for e in read_trace(res.path).events if isinstance(e, TmpfsFull)]
+    assert (full.mount_point, full.size_bytes, full.used_bytes) == ("/dev/shm", 4 * MiB, 4 * MiB)
+    [v] = [v for v in res.verdicts if v.pid == full.pid]
+    assert (v.cause, v.confidence, v.unit) == ("app_exit", "high", f"podman {name}")
+    assert "the tmpfs /dev/shm was full (4.0 MiB of 4.0 MiB used)" in v.summary
+    assert "--shm-size" in v.advice and "Not a memory limit" in v.advice
