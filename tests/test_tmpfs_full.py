@@ -183,3 +183,21 @@ def test_a_signal_sent_by_another_process_is_not_read(tmp_path: Path, statvfs: l
     assert enricher.enrich([other]) == [other]
     gone = Exit(ts=t(1.0), pid=100, ppid=1, comm="x", cgroup_id=10, status=7, start_ns=0)
     assert enricher.enrich([gone]) == [gone] and statvfs == []
+
+
+def test_notes_are_bounded_per_second(tmp_path: Path) -> None:
+    for pid in (1, 2, 3):
+        fake_proc(tmp_path, pid, "mnt:[4026532001]")
+    enricher = TmpfsAtFault(str(tmp_path))
+    enricher.MAX_NOTES = 2
+    enricher.enrich(
+        [Exec(ts=t(0.1 * p), pid=p, comm="a", filename="/a", cgroup_id=1) for p in (1, 2, 3)]
+    )
+    enricher.enrich([Exec(ts=t(1.1), pid=3, comm="a", filename="/a", cgroup_id=1)])
+    assert sorted(enricher._ns) == [1, 2, 3]  # (3 in the next second)
+    enricher = TmpfsAtFault(str(tmp_path))
+    enricher.MAX_NOTES = 2
+    enricher.enrich(
+        [Exec(ts=t(0.1 * p), pid=p, comm="a", filename="/a", cgroup_id=1) for p in (1, 2, 3)]
+    )
+    assert sorted(enricher._ns) == [1, 2]
