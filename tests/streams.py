@@ -32,6 +32,7 @@ from tracer.events import (
     ReclaimSummary,
     RuntimeSample,
     Signal,
+    TmpfsFull,
     UnitInfo,
 )
 from tracer.trace.format import TraceHeader
@@ -129,6 +130,19 @@ def sent(
         result=0,
         group=True,
     )
+
+
+def tmpfs_full(
+    at: float,
+    pid: int,
+    mount_point: str = "/dev/shm",
+    size: int = 64 * MiB,
+    used: int = 64 * MiB,
+    mapped: bool = True,
+    via: int = 0,
+) -> TmpfsFull:
+    """A tmpfs ``pid`` sees, read full at ``at`` (tracer/pipeline/enrich.py, TmpfsAtFault)."""
+    return TmpfsFull(t(at), pid, mount_point, "tmpfs", size, used, size - used, mapped, via)
 
 
 def oom(

@@ -58,6 +58,7 @@ from tracer.events import (
     RuntimeSample,
     SampleError,
     Signal,
+    TmpfsFull,
     UnitInfo,
     from_record,
 )
@@ -298,6 +299,17 @@ SAMPLES: list[Event] = [
         result=100,
         requested_bytes=0,
         failures=1,
+    ),
+    TmpfsFull(
+        ts=12_000_001_900,
+        pid=4243,
+        mount_point="/dev/shm",
+        fs_type="tmpfs",
+        size_bytes=64 << 20,
+        used_bytes=64 << 20,
+        avail_bytes=0,
+        mapped=True,
+        via_pid=0,
     ),
     GpuLibrary(
         ts=12_000_002_000,

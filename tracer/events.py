@@ -58,6 +58,7 @@ def signal_name(sig: int) -> str:
 SI_KERNEL = 0x80
 SI_USER = 0  # kill(2)
 SI_TKILL = -6  # tkill(2)/tgkill(2)
+BUS_ADRERR = 2  # SIGBUS: no backing for the address (a tmpfs page that could not be allocated)
 
 # signal_generate's result field (enum trace_signal_deliver/TRACE_SIGNAL_*, kernel/signal.c).
 SIGNAL_RESULTS = ("delivered", "ignored", "already_pending", "overflow_fail", "lose_info")
@@ -302,6 +303,23 @@ class ProcessSample(Event, frozen=True, tag="proc_sample"):
     vm_swap: int | None
 
 
+class TmpfsFull(Event, frozen=True, tag="tmpfs_full"):
+    """A memory-backed filesystem (tmpfs: /dev/shm, a ``size=`` tmpfs) that a process sees is
+    full, read right after the kernel sent it a fatal SIGBUS for an address it could not back
+    (tracer/sources/tmpfs.py says what counts as full, and why a full tmpfs ends in SIGBUS).
+    Read through the process's own /proc entry (its mount namespace, its root), or, when it
+    was gone already, through a live process recorded in the same mount namespace."""
+
+    pid: int  # the process that faulted (tgid)
+    mount_point: str  # as the process sees it (inside its mount namespace)
+    fs_type: str  # "tmpfs"
+    size_bytes: int  # statvfs: f_blocks * f_frsize
+    used_bytes: int  # (f_blocks - f_bfree) * f_frsize
+    avail_bytes: int  # f_bavail * f_frsize
+    mapped: bool  # the process maps a file on it (/proc/PID/maps; False when read via another)
+    via_pid: int = 0  # the live process read instead, in the same mount namespace (0: itself)
+
+
 class SampleError(Event, frozen=True, tag="sample_error"):
     """A sampler could not read something (said once per source, target and problem)."""
 
@@ -513,6 +531,7 @@ _ALL: tuple[type[Event], ...] = (
     EffectiveLimit,
     HostSample,
     ProcessSample,
+    TmpfsFull,
     SampleError,
     CgroupMkdir,
     UnitInfo,

@@ -33,6 +33,7 @@ from tracer.events import (
     RuntimeExit,
     RuntimeSample,
     Signal,
+    TmpfsFull,
     UnitInfo,
 )
 
@@ -52,6 +53,7 @@ class PidEvidence:
     kmsg: list[KmsgOom] = field(default_factory=list)
     signals: list[Signal] = field(default_factory=list)  # fatal signals *to* this pid
     stalls: list[ReclaimStall] = field(default_factory=list)
+    tmpfs: list[TmpfsFull] = field(default_factory=list)  # full tmpfs it saw at a SIGBUS
 
 
 @dataclass
@@ -124,6 +126,7 @@ class Evidence:
             KmsgOom: lambda e: self.pid(e.victim_pid).kmsg.append(e),
             Signal: self._signal,
             ReclaimStall: lambda e: self.pid(e.pid).stalls.append(e),
+            TmpfsFull: lambda e: self.pid(e.pid).tmpfs.append(e),
             ReclaimSummary: lambda e: self.cgroup(e.cgroup_id).summaries.append(e),
             CgroupSample: self._cgroup_sample,
             EffectiveLimit: self._effective_limit,
@@ -191,7 +194,9 @@ class Evidence:
         ev.kmsg = [e for e in ev.kmsg if e.ts > oom_until]
         ev.signals = [e for e in ev.signals if e.ts > until]
         ev.stalls = [e for e in ev.stalls if e.ts > until]
-        if not (ev.ooms or ev.kmsg or ev.signals or ev.stalls):
+        # (read up to a second after the signal, so maybe after the exit: the exit's own)
+        ev.tmpfs = [e for e in ev.tmpfs if e.ts > until + 1_000_000_000]
+        if not (ev.ooms or ev.kmsg or ev.signals or ev.stalls or ev.tmpfs):
             del self.by_pid[pid]
 
     def forget_cgroups(self, ids: Iterable[int]) -> None:
@@ -231,6 +236,7 @@ class Evidence:
             if signals and signals[0].ts < horizon:
                 ev.signals = _since(signals, horizon) or signals[-1:]
             ev.stalls = _since(ev.stalls, horizon)
+            ev.tmpfs = _since(ev.tmpfs, horizon)
 
     # -- questions --------------------------------------------------------------------------
 

@@ -397,6 +397,30 @@ def self_inflicted_text(name: str, core: str, fault: bool) -> tuple[str, str]:
     )
 
 
+def tmpfs_full_text(
+    name: str, core: str, mount_point: str, size: int, used: int
+) -> tuple[str, str]:
+    """A SIGBUS at a fault while a tmpfs it sees was full (rules/signals.py, tmpfs_crash)."""
+    where = mount_point  # (outputs escape a verdict's text: tracer/outputs/text.py)
+    return (
+        f"crashed with {name}{core}: the tmpfs {where} was full ({fmt_bytes(used)} of "
+        f"{fmt_bytes(size)} used); a write to a memory-backed file with no room left faults "
+        "instead of failing",
+        f"give {where} more room: for a container's /dev/shm, --shm-size (docker/podman run; "
+        "Kubernetes: an emptyDir with medium: Memory mounted there), for another tmpfs a bigger "
+        "size= (mount -o remount,size=...); or delete the files left on it. Not a memory "
+        "limit: raising the memory limit does not help",
+    )
+
+
+def tmpfs_full_line(mount_point: str, size: int, used: int, avail: int, via_pid: int) -> str:
+    via = f" (read through pid {via_pid}, in its mount namespace)" if via_pid else ""
+    return (
+        f"tmpfs {mount_point} full after the fault: {fmt_bytes(used)} of "
+        f"{fmt_bytes(size)} used, {fmt_bytes(avail)} free{via}"
+    )
+
+
 def signal_from(name: str, sender_pid: int, sender_comm: str) -> str:
     return f"{name} from pid {sender_pid} ({sender_comm})"
 

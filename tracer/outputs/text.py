@@ -37,6 +37,7 @@ from tracer.events import (
     ReclaimSummary,
     RuntimeSample,
     Signal,
+    TmpfsFull,
     UnitInfo,
     signal_name,
     signal_result_name,
@@ -128,6 +129,11 @@ def describe(ev: Event, cgroup_path: Callable[[int], str | None]) -> str | None:
         return f"restart {ev.source} counts {ev.restart_count} restarts of {ev.unit}"
     if isinstance(ev, CgroupMkdir):
         return f"cgroup  created {ev.path}"
+    if isinstance(ev, TmpfsFull):
+        line = say.tmpfs_full_line(
+            ev.mount_point, ev.size_bytes, ev.used_bytes, ev.avail_bytes, ev.via_pid
+        )
+        return f"tmpfs   pid {ev.pid}: {line}"
     if isinstance(ev, UnitInfo):
         return None
     if isinstance(ev, CgroupInfo):

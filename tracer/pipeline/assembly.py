@@ -13,7 +13,7 @@ from tracer.bpf import hooks
 from tracer.clock import boottime_ns
 from tracer.gpu.side import SCAN_INTERVAL_NS, GpuSide
 from tracer.pipeline.core import Enricher, Pipeline, Source
-from tracer.pipeline.enrich import CgroupNamer, Follow, SenderExe, WatchSet
+from tracer.pipeline.enrich import CgroupNamer, Follow, SenderExe, TmpfsAtFault, WatchSet
 from tracer.pipeline.follow import Follower
 from tracer.pipeline.sources import (
     POLL_MS,
@@ -141,6 +141,7 @@ def assemble(
         gpu_source,
         Follow(follower, kernel, watch),
         SenderExe(),
+        TmpfsAtFault(),
         CgroupNamer(resolver, follower),
     ]
     pipeline = Pipeline(sources, enrichers, [], clock=boottime_ns)

@@ -7,6 +7,8 @@ the kernel's events before they are ordered.
   (``tracer.pipeline.follow.Follower``).
 * `SenderExe`: a signal's sender's executable, read from /proc when the signal is recorded
   (its name is its own choice; its executable is not).
+* `TmpfsAtFault`: the full tmpfs mounts of a process the kernel has just sent a SIGBUS for an
+  address it could not back (``TmpfsFull``), measured while the process still exists.
 * `CgroupNamer`: the kernel sends cgroup ids; each id gets one ``CgroupInfo`` (its path) and,
   for a container or a systemd unit, one ``UnitInfo``, inserted before the first event that
   mentions it, so that a reader of the trace never meets an id it cannot name.
@@ -16,14 +18,17 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterable
+import signal as _signal
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 import msgspec
 import psutil
 
+from tracer.clock import boottime_ns
 from tracer.errors import UsageError
 from tracer.events import (
+    BUS_ADRERR,
     SI_KERNEL,
     CgroupMkdir,
     Event,
@@ -36,6 +41,7 @@ from tracer.events import (
     cgroup_ids,
 )
 from tracer.parse import cgpath
+from tracer.sources.tmpfs import full_tmpfs, mount_ns
 
 if TYPE_CHECKING:
     from tracer.bpf import hooks
@@ -43,7 +49,7 @@ if TYPE_CHECKING:
     from tracer.sources.cgroupfs import CgroupResolver
     from tracer.sources.samplers import SamplerSet
 
-__all__ = ["CgroupNamer", "Follow", "SenderExe", "WatchSet"]
+__all__ = ["CgroupNamer", "Follow", "SenderExe", "TmpfsAtFault", "WatchSet"]
 
 MAX_KNOWN_PIDS = 65536
 
@@ -197,6 +203,89 @@ class SenderExe:
             elif isinstance(ev, Exec):
                 self._cache.pop(ev.pid, None)
         return events
+
+
+class TmpfsAtFault:
+    """After a SIGBUS the kernel raised at a process's own fault for an address it could not
+    back (si_code BUS_ADRERR: the sender is the faulting thread itself), the tmpfs mounts that
+    process sees that are full (tracer/sources/tmpfs.py), each a ``TmpfsFull`` stamped when it
+    was read.
+
+    The signal is recorded as it is generated, before the process dies of it; but it dies within
+    microseconds unless it dumps core or handles the signal, and the ring is drained every few
+    milliseconds: it is usually gone when its record is decoded, and its mount namespace with
+    it. So the mount namespace of each watched process is noted as its exec or fork is decoded
+    (one readlink), and a gone process's filesystems are measured through another live process
+    noted in that same namespace, checked again at the read (a DataLoader's main process for
+    its worker, a shell for its command). A namespace that died with it gives nothing: no
+    other process's view is taken for it. Read at most once per process per ``TTL_NS`` of
+    stream time (a handled SIGBUS in a loop). A note costs a readlink (4 us): at most
+    ``MAX_NOTES`` a second of stream time, so that a fork storm under --all (10k forks and
+    execs a second) costs the recorder under 1% of a core; the processes past it go unnoted."""
+
+    TTL_NS = 1_000_000_000
+    MAX_CACHED = 8192
+    MAX_NOTES = 2000
+
+    def __init__(self, proc_root: str = "/proc", clock: Callable[[], int] = boottime_ns) -> None:
+        self.proc_root = proc_root
+        self.clock = clock
+        self._read: dict[int, int] = {}  # pid -> stream time of the last read
+        self._ns: dict[int, str] = {}  # pid -> its mount namespace, as last noted
+        self._window = (0, 0)  # (the second of stream time, notes in it)
+
+    def _note(self, pid: int, ts: int) -> None:
+        second, n = self._window
+        if ts // self.TTL_NS != second:
+            second, n = ts // self.TTL_NS, 0
+        if n >= self.MAX_NOTES:
+            return
+        self._window = (second, n + 1)
+        ns = mount_ns(pid, self.proc_root)
+        if ns is None:
+            return
+        if len(self._ns) >= self.MAX_CACHED:
+            for old in list(self._ns)[: self.MAX_CACHED // 2]:
+                del self._ns[old]
+        self._ns[pid] = ns
+
+    def _measure(self, pid: int) -> list[Event]:
+        now = self.clock()
+        full = full_tmpfs(pid, now, self.proc_root)
+        if full is not None:
+            return list(full)
+        ns = self._ns.get(pid)
+        if ns is None:
+            return []
+        for other, theirs in reversed(self._ns.items()):  # (the newest first)
+            if other != pid and theirs == ns and mount_ns(other, self.proc_root) == ns:
+                return list(full_tmpfs(pid, now, self.proc_root, via=other) or [])
+        return []
+
+    def enrich(self, events: list[Event]) -> list[Event]:
+        extra: list[Event] = []
+        for ev in events:
+            if isinstance(ev, Exec):
+                self._note(ev.pid, ev.ts)
+            elif isinstance(ev, Fork):
+                self._note(ev.child_pid, ev.ts)
+            elif isinstance(ev, Exit):
+                self._ns.pop(ev.pid, None)
+            elif (
+                isinstance(ev, Signal)
+                and ev.sig == _signal.SIGBUS
+                and ev.si_code == BUS_ADRERR
+                and ev.sender_tid == ev.target_pid  # raised at its own fault, not sent
+            ):
+                last = self._read.get(ev.sender_pid)
+                if last is not None and ev.ts - last < self.TTL_NS:
+                    continue
+                if len(self._read) >= self.MAX_CACHED:
+                    self._read.clear()
+                self._read[ev.sender_pid] = ev.ts
+                extra += self._measure(ev.sender_pid)
+        # (stamped when read, after the signal: the reorder window puts them in time order)
+        return events + extra if extra else events
 
 
 class CgroupNamer:

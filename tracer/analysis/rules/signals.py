@@ -34,6 +34,7 @@ from tracer.analysis.rules.view import (
     sent_by,
 )
 from tracer.events import (
+    BUS_ADRERR,
     SI_KERNEL,
     SI_USER,
     Signal,
@@ -97,6 +98,9 @@ def signal_exit(v: ExitView, had_oom: bool) -> Finding:
         # kernel's SI_KERNEL for a general protection fault) or abort(): the application
         # crashed.
         fault = last.si_code > 0 or who.role == senders.ROLE_KERNEL
+        full = tmpfs_crash(v, last, core, disagree)
+        if full is not None:
+            return full
         summary, advice = say.self_inflicted_text(name, core, fault)
         return Finding(
             APP_EXIT,
@@ -136,6 +140,34 @@ def signal_exit(v: ExitView, had_oom: bool) -> Finding:
             return amend(oom, sender_exe=sender_exe)
     summary, advice = say.sender_text(who, how, last.sender_comm, last.sender_pid)
     return sent_by(last, who, exe, summary, advice, evidence, disagree)
+
+
+def tmpfs_crash(v: ExitView, last: Signal, core: str, disagree: tuple[str, ...]) -> Finding | None:
+    """A SIGBUS the kernel raised at the process's own fault for an address it could not back
+    (BUS_ADRERR), with a tmpfs it sees measured full within a second after it: a write to a
+    shared mapping of a file on a full tmpfs (shmem_fault() -> VM_FAULT_SIGBUS on -ENOSPC,
+    tracer/sources/tmpfs.py). Still the application's crash, but the fix is room on that
+    filesystem, not memory. High: the fault is recorded and the full filesystem is measured.
+    None: no such measurement (a plain crash)."""
+    if last.sig != _signal.SIGBUS or last.si_code != BUS_ADRERR:
+        return None
+    full = [t for t in v.tmpfs_full if 0 <= t.ts - last.ts <= SECOND]
+    if not full:
+        return None
+    # the one it maps a file of, else the fullest
+    t = max(full, key=lambda t: (t.mapped, t.used_bytes / max(t.size_bytes, 1)))
+    name = signal_name(last.sig)
+    summary, advice = say.tmpfs_full_text(name, core, t.mount_point, t.size_bytes, t.used_bytes)
+    line = say.tmpfs_full_line(t.mount_point, t.size_bytes, t.used_bytes, t.avail_bytes, t.via_pid)
+    return Finding(
+        APP_EXIT,
+        HIGH,
+        summary,
+        advice,
+        tuple(sorted([(last.ts, say.raised_by_itself(name)), (t.ts, line), v.exit_ev])),
+        disagreements=disagree,
+        sender_role=senders.ROLE_SELF,
+    )
 
 
 def own_source(last: Signal) -> str | None:

@@ -27,6 +27,7 @@ from tracer.events import (
     OomKill,
     ReclaimStall,
     Signal,
+    TmpfsFull,
     signal_name,
 )
 
@@ -62,6 +63,8 @@ class ExitView:
     related_deaths: tuple[tuple[Verdict, int], ...] = ()
     ancestors: frozenset[int] = frozenset()  # its parent and theirs, in the recorded tree
     exe_of: Callable[[int], str] | None = None  # a pid's executable from its exec, when seen
+    # the full tmpfs mounts it saw, read at a SIGBUS of its (TmpfsFull), up to a settle past it
+    tmpfs_full: tuple[TmpfsFull, ...] = ()
 
     @property
     def exit_ev(self) -> Evidence_:
@@ -88,6 +91,7 @@ def view_of(ex: Exit, ev: Evidence, unit: str | None, **context: Any) -> ExitVie
         ev,
         unit,
         **context,
+        tmpfs_full=tuple(t for t in pe.tmpfs if lo <= t.ts <= end),
     )
 
 
