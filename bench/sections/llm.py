@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.machine import cpu_snapshot, foreign_cpu
 from bench.options import Options
 from bench.procs import Popen, kill_all, loadavg, proc_cpu_s, proc_status_kb, reap, say, spawn
 from bench.records import Section
@@ -184,12 +185,15 @@ def run(opts: Options, tmp: Path, ctx: Context) -> Section:
         for name in VARIANTS[k:] + VARIANTS[:k]:
             d = tmp / f"llm-r{rnd}-{name}"
             d.mkdir()
+            t0, cpu0 = time.monotonic(), cpu_snapshot()
             try:
                 res = {"variant": name, "round": rnd, **RUNNERS[name](opts, d, b)}
             except Exception as exc:  # a failed run is reported, the others go on
                 res = {"variant": name, "round": rnd, "error": repr(exc)}
             finally:
                 kill_all()
+            # what else ran meanwhile: on a shared machine, the number that says a run is noise
+            res["foreign_cpu_pct"] = foreign_cpu(cpu0)["other_s"] / (time.monotonic() - t0) * 100
             runs.append(res)
             msg = f"llm [{len(runs)}/{total}] round {rnd + 1} {name}: "
             if "error" in res:
@@ -226,16 +230,16 @@ def _report(opts: Options, runs: list[Result], skipped: str | None, model: Resul
         f"{opts.llm_requests} requests of {opts.llm_tokens} tokens",
         "",
         "| variant | tokens/s | ratio to bare | server gen tok/s | p50 s | p50 ratio | p99 s "
-        "| p99 ratio | tool CPU % of a core | tool RSS max MB |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| p99 ratio | tool CPU % of a core | tool RSS max MB | CPU not ours % |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     if skipped is not None:
-        return "\n".join([*out, f"| all | skipped: {skipped} |" + " |" * 8]) + "\n"
+        return "\n".join([*out, f"| all | skipped: {skipped} |" + " |" * 9]) + "\n"
     for name in VARIANTS:
         ok = [r for r in runs if r["variant"] == name and "error" not in r]
         if not ok:
             errs = [r["error"] for r in runs if r["variant"] == name and "error" in r]
-            out.append(f"| {name} | failed: {(errs or ['no run'])[0][:80]} |" + " |" * 8)
+            out.append(f"| {name} | failed: {(errs or ['no run'])[0][:80]} |" + " |" * 9)
             continue
         bare = name == "bare"
 
@@ -250,7 +254,8 @@ def _report(opts: Options, runs: list[Result], skipped: str | None, model: Resul
             f"| {_f(m('server_tok_s'), '.1f')} | {_f(m('p50_s'), '.3f')} | {ratio('p50_s')} "
             f"| {_f(m('p99_s'), '.3f')} | {ratio('p99_s')} "
             f"| {'-' if bare else _f(m('tool_cpu_pct'), '.2f')} "
-            f"| {'-' if bare else _f(m('tool_rss_max_mib'), '.1f')} |"
+            f"| {'-' if bare else _f(m('tool_rss_max_mib'), '.1f')} "
+            f"| {_f(m('foreign_cpu_pct'), '.0f')} |"
         )
     failed = [r for r in runs if "error" in r]
     if failed:
@@ -279,7 +284,9 @@ def _report(opts: Options, runs: list[Result], skipped: str | None, model: Resul
             "--log-format none, metrics on a free port), ready before the server starts. "
             "**tool CPU**: its utime+stime from /proc/PID/stat over the measured requests, in "
             "% of a core; **tool RSS**: its VmRSS, the largest of the samples taken before the "
-            "requests and after each one.",
+            "requests and after each one. **CPU not ours**: busy CPU (/proc/stat) during the run "
+            "that neither the bench nor anything it started used (other users of the machine, "
+            "kernel overhead), in % of a core: a run beside a busy neighbour is noise, not cost.",
         ],
         opts,
         model_mib=model.get("model_bytes", 0) / (1 << 20),
