@@ -355,3 +355,39 @@ def test_a_stall_band_does_not_start_before_its_cgroup() -> None:
     first = t.cgroup_first_ns[s.cgroup_id]
     assert s.ts - s.interval_ns < first < s.ts  # the interval began before the cgroup did
     assert t.stall_span(s) == (first, s.ts)
+
+
+def test_the_report_draws_what_tail_warned(tmp_path: Path) -> None:
+    """A recorded leak to an OOM kill (tests/data/eta_leak8_oom, bench/eta_traces.py): the unit
+    lists tail's time-to-limit warnings and its memory chart draws their projection; page-cache
+    thrash (a synthetic stream shaped on llama-server's, tests/test_thrash.py) is listed and
+    marked where it began."""
+    t = load(DATA / "eta_leak8_oom.trace.zst")
+    warned = [ln for u in t.units for c in u.cgroups for ln in c.warnings]
+    assert any(ln.eta is not None for ln in warned)
+    out = tmp_path / "leak.html"
+    code, _, err = run("report", str(DATA / "eta_leak8_oom.trace.zst"), "-o", str(out))
+    assert code == 0, err
+    page = out.read_text()
+    assert "What <code>tail</code> warned:" in page and "will reach its" in page
+    assert "time-to-limit warning (projection)" in page  # the legend of the drawn projection
+
+    from tests.test_thrash import CG, PATH, thrashing
+    from tracer.events import EffectiveLimit
+    from tracer.trace.writer import TraceWriter
+
+    path = tmp_path / "thrash.trace"
+    w = TraceWriter.open(path, header())
+    w.write_many(
+        [
+            EffectiveLimit(ts=0, cgroup_id=CG, path=PATH, limit_bytes=200 << 20, set_by=PATH),
+            *thrashing(8, 150_000),
+        ]
+    )
+    w.close(w.make_footer("command exited", ended_ns=9_000_000_000))
+    out = tmp_path / "thrash.html"
+    code, _, err = run("report", str(path), "-o", str(out))
+    assert code == 0, err
+    page = out.read_text()
+    assert "page cache re-read from disk at 585.9 MiB/s" in page
+    assert "page-cache thrash began" in page

@@ -7,7 +7,11 @@ file pages (3 GiB) per 24-token request; a server whose cache fits refaults a tr
 
 from __future__ import annotations
 
-from tests.streams import sample
+import signal
+
+import msgspec
+
+from tests.streams import cgroup, execd, killed, one, probe, sample, sent
 from tracer.analysis.analyzer import Analyzer
 from tracer.analysis.thrash import MIN_RATE, PAGE_SIZE, detect
 from tracer.events import CgroupSample, EffectiveLimit
@@ -55,6 +59,15 @@ def test_a_trickle_of_refaults_or_a_short_burst_is_not() -> None:
     assert detect([s for s in thrashing(6, 150_000) if s.ts == 0]) is None
 
 
+def test_a_cgroup_below_its_limit_or_without_one_is_not_to_blame() -> None:
+    """An ancestor (no limit of its own) counts its children's refaults: not its thrash."""
+    low = [msgspec.structs.replace(s, usage_bytes=120 * MiB) for s in thrashing(6, 150_000)]
+    assert detect(low) is None
+    free = [msgspec.structs.replace(s, limit_bytes=None) for s in thrashing(6, 150_000)]
+    assert detect(free) is None
+    assert detect(free, limit=200 * MiB) is not None  # the effective limit, an ancestor's
+
+
 def test_samples_without_the_counter_say_nothing() -> None:
     bare = [sample(i * 0.5, CG, PATH, usage=199 * MiB, stat={"file": MiB}) for i in range(20)]
     assert detect(bare) is None
@@ -84,3 +97,48 @@ def test_the_tail_names_it_when_it_starts_and_when_it_stops() -> None:
     assert "page cache re-read from disk at 585.9 MiB/s" in start.text
     assert "at 199.0 MiB of its 200.0 MiB limit" in start.text
     assert end.text == "thrash  /llm: no longer re-reading its page cache"
+
+
+def test_a_probe_kill_while_the_model_is_re_read_cites_the_thrash() -> None:
+    """A supervisor kills a server whose work-probes (a one-token completion with a timeout)
+    timed out while its cgroup re-read its mapped weights: probe_kill, with the thrash as the
+    reason the probes were slow and advice about the limit, not the probe."""
+
+    pages = 150_000
+    events = [
+        cgroup(CG, PATH, 200 * MiB),
+        execd(0.1, 100, CG, "llama-server"),
+        probe(1.0, True, 300),
+        *thrashing(10, pages),
+        probe(7.0, False, 2000, timed_out=True),
+        probe(8.0, False, 2000, timed_out=True),
+        probe(9.0, False, 2000, timed_out=True),
+        sent(9.5, 400, 100, signal.SIGKILL, comm="conmon"),
+        killed(9.5, 100, signal.SIGKILL, cg=CG, start=0.1),
+    ]
+    events.sort(key=lambda e: e.ts)
+    v = one(*events)
+    assert (v.cause, v.confidence) == ("probe_kill", "high")
+    assert "page cache re-read from disk at 585.9 MiB/s" in v.summary
+    assert "no room for the files it reads" in v.advice and "timeout only hides it" in v.advice
+    assert any(text.startswith("/llm: page cache re-read from disk") for _, text in v.evidence), (
+        v.evidence
+    )
+
+
+def test_a_probe_kill_with_the_cache_fitting_says_nothing_of_thrash() -> None:
+
+    events = [
+        cgroup(CG, PATH, 200 * MiB),
+        execd(0.1, 100, CG, "llama-server"),
+        *thrashing(10, 100),
+        probe(7.0, False, 2000, timed_out=True),
+        probe(8.0, False, 2000, timed_out=True),
+        probe(9.0, False, 2000, timed_out=True),
+        sent(9.5, 400, 100, signal.SIGKILL, comm="conmon"),
+        killed(9.5, 100, signal.SIGKILL, cg=CG, start=0.1),
+    ]
+    events.sort(key=lambda e: e.ts)
+    v = one(*events)
+    assert v.cause == "probe_kill"
+    assert "re-read" not in v.summary and "page cache" not in v.advice

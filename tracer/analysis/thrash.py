@@ -12,9 +12,11 @@ that were evicted recently enough for their shadow entry to be remembered, i.e. 
 cgroup needed again soon after it lost them.
 
 ``detect(samples)`` says a window of samples is thrash when, over at least ``MIN_SPAN_NS``,
-file pages were refaulted at ``MIN_RATE`` or more *and* the bytes refaulted are at least the
-file cache the cgroup holds now: it re-read the whole of what it can keep, which a working set
-that fits never does (its refaults are a trickle against its cache). ``Thrashing`` keeps the
+file pages were refaulted at ``MIN_RATE`` or more, the bytes refaulted are at least the file
+cache the cgroup holds now (it re-read the whole of what it can keep, which a working set that
+fits never does: its refaults are a trickle against its cache), and the cgroup sits at its
+limit (``NEAR_LIMIT`` of it): the limit is what evicts. An ancestor without a limit of its own
+counts its children's refaults too, and is not the cgroup to blame. ``Thrashing`` keeps the
 current state per watched cgroup as the Analyzer is fed, so ``tail``, the agent and ``replay``
 say the same; the probe-kill rule reads the same ``detect`` over the minute before a kill.
 
@@ -36,6 +38,7 @@ PAGE_SIZE = 4096
 WINDOW_NS = 5 * NS  # the rate is taken over this much of the newest samples
 MIN_SPAN_NS = 2 * NS  # ... spanning at least this much
 MIN_RATE = 16 * MiB  # bytes per second re-read
+NEAR_LIMIT = 0.9  # of the effective limit: reclaim by the cgroup's own limit
 EVERY_NS = NS // 2  # a watched cgroup's state is worked out at most this often
 MAX_WATCHED = 4096
 REFAULTS = "workingset_refault_file"
@@ -96,6 +99,9 @@ def detect(samples: Sequence[CgroupSample], limit: int | None = None) -> Thrash 
     cache = max(0, st.get("file", 0) - st.get("shmem", 0))
     if rate < MIN_RATE or refaulted < cache:
         return None
+    limit = limit if limit is not None else last.limit_bytes
+    if not limit or last.usage_bytes is None or last.usage_bytes < NEAR_LIMIT * limit:
+        return None
     return Thrash(
         ts=last.ts,
         since=first.ts,
@@ -104,7 +110,7 @@ def detect(samples: Sequence[CgroupSample], limit: int | None = None) -> Thrash 
         cache=cache,
         mapped=min(st.get("file_mapped", 0), cache),
         usage=last.usage_bytes,
-        limit=limit if limit is not None else last.limit_bytes,
+        limit=limit,
     )
 
 

@@ -556,8 +556,11 @@ def probe_kill_text(
     failed_for_ns: int = 0,
     slow_only: bool = False,
     starting_ns: int | None = None,
+    thrash: Thrash | None = None,
 ) -> tuple[str, str]:
     context = ""
+    if thrash is not None:
+        context += f"; its cgroup's {thrash_words(thrash)} as its probes failed"
     if stall:
         context += f"; {fmt_duration(stall)} of reclaim stalls in the minute before"
     if psi is not None:
@@ -574,6 +577,14 @@ def probe_kill_text(
             "killed while starting, not hung: its start-up (a model loading) outlasts the "
             "probe's failure budget (failures x period); give it a startup probe (Kubernetes "
             "startupProbe) or a longer initial delay, not more memory"
+        )
+    elif thrash is not None:
+        advice = (
+            "it was not hung but starved of page cache: its limit leaves no room for the "
+            "files it reads (a model's mapped weights, read again on every request), so "
+            "requests crawled; raise the memory limit above those files plus the process's "
+            "own memory, or load the model without mmap where its anon memory fits; a longer "
+            "probe timeout only hides it"
         )
     elif stall:
         advice = (
@@ -748,6 +759,11 @@ def thrash_words(t: Thrash) -> str:
         f"page cache re-read from disk at {fmt_bytes(t.rate)}/s ({fmt_bytes(t.refaulted)} in "
         f"{seconds:.0f} s{keep}{mapped})"
     )
+
+
+def thrash_evidence(t: Thrash) -> str:
+    """An evidence line: the cgroup, the thrash."""
+    return f"{t.path}: {thrash_words(t)}"
 
 
 def thrash_line(unit: str, t: Thrash) -> str:

@@ -279,6 +279,19 @@ def _limits_table(u: UnitTimeline) -> str:
     )
 
 
+def _warned(t: Timeline, u: UnitTimeline) -> str:
+    """What tail warned about the unit's cgroups while it was recorded (``replay --tail``
+    shows the same lines): time-to-limit estimates, page-cache thrash, and their ends."""
+    lines = sorted((ln for c in u.cgroups for ln in c.warnings), key=lambda ln: ln.ts)
+    if not lines:
+        return ""
+    items = "".join(
+        f"<li><code>{_e(_rel(t, ln.ts))}</code> {_e(ln.text)}</li>" for ln in lines[:50]
+    )
+    more = f"<p class=meta>... {len(lines) - 50} more</p>" if len(lines) > 50 else ""
+    return f"<p class=meta>What <code>tail</code> warned:</p><ul class=warned>{items}</ul>{more}"
+
+
 def _peaks(u: UnitTimeline) -> str:
     parts = []
     for c in u.cgroups:
@@ -351,6 +364,7 @@ def render_html(t: Timeline, source: str) -> str:
             parts.append(f"<h2 id='unit-{_e(_slug(title))}'>Unit {_e(title)}</h2>")
             parts.append(_limits_table(u))
             parts.append(_peaks(u))
+            parts.append(_warned(t, u))
         parts.append(f"<figure>{svg}</figure>")
         if u is not None and u.verdicts and len(t.units) > 1:
             parts.append(_verdict_rows(t, u.verdicts))

@@ -54,6 +54,7 @@ from tracer.events import (
     Signal,
     signal_name,
 )
+from tracer.outputs.tail import TailLine, feed_of
 from tracer.parse import cgpath
 from tracer.trace.format import TraceFooter, TraceHeader
 from tracer.trace.reader import TraceReader
@@ -69,6 +70,10 @@ OOM, SIGNAL, EXIT, RESTART, GPU_FAIL, GPU_DOWN, LOST = (
     "lost",
 )
 MARKER_KINDS = (OOM, SIGNAL, EXIT, RESTART, GPU_FAIL, GPU_DOWN, LOST)
+
+
+# the tail's lines that end a warning (tracer/outputs/tail.py: "eta     ...", "thrash  ...")
+WARNED = ("eta ", "thrash ")
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +105,9 @@ class CgroupSeries:
     psi_some: list[float | None] = field(default_factory=list)
     effective: list[EffectiveLimit] = field(default_factory=list)
     oom_limits: list[tuple[int, int]] = field(default_factory=list)  # (ts, limit) from OomKill
+    # what `tail` warned about this cgroup while it was recorded: time-to-limit estimates
+    # (TailLine.eta) and page-cache thrash (TailLine.thrash), with the lines that ended them
+    warnings: list[TailLine] = field(default_factory=list)
 
     def add(self, s: CgroupSample) -> None:
         self.ts.append(s.ts)
@@ -303,6 +311,8 @@ class _Builder:
     def __init__(self, header: TraceHeader) -> None:
         self.header = header
         self.analyzer = Analyzer.from_header(header.targets)
+        # the tail's own feed on the same analyzer: the report shows what tail warned
+        self.tail = feed_of(lambda: self.analyzer)
         self.counts: Counter[str] = Counter()
         self.end_ns = header.started_ns
         self.cgroups: dict[int, CgroupSeries] = {}
@@ -344,7 +354,13 @@ class _Builder:
         self.counts[ev.KIND] += 1
         self.end_ns = max(self.end_ns, ev.ts)
         if isinstance(ev, CgroupSample):
-            self._cg(ev.cgroup_id, ev.path).add(ev)
+            cg = self._cg(ev.cgroup_id, ev.path)
+            cg.add(ev)
+            cg.warnings += [
+                ln
+                for ln in self.tail.feed(ev)
+                if ln.eta is not None or ln.thrash is not None or ln.text.startswith(WARNED)
+            ]
         elif isinstance(ev, CgroupInfo | CgroupMkdir):
             self.cgroup_first_ns.setdefault(ev.cgroup_id, ev.ts)
             cg = self._cg(ev.cgroup_id, ev.path)

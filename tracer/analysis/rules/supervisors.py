@@ -24,6 +24,7 @@ from tracer.analysis.rules.probes import (
     never_healthy,
 )
 from tracer.analysis.rules.view import SECOND, SETTLE_NS, ExitView, SenderKill
+from tracer.analysis.thrash import Thrash, detect
 from tracer.events import (
     CgroupSample,
     RuntimeSample,
@@ -43,6 +44,9 @@ PRESSURE_USAGE = 0.90  # of a cgroup's limit
 PRESSURE_STALL_NS = 1 * SECOND
 
 
+THRASH_WINDOW_NS = 10 * SECOND  # a thrash this close before a probe kill slowed its probes
+
+
 def probe_kill(v: ExitView, kill: SenderKill) -> Finding | None:
     """A supervisor's kill (a runtime, the kubelet, systemd, a --supervisor pid, or the
     process that started the victim) while the unit's health probes were failing or slow."""
@@ -59,9 +63,15 @@ def probe_kill(v: ExitView, kill: SenderKill) -> Finding | None:
     stall = store.stall_ns(store.ancestry(ex.cgroup_id), start, last.ts)
     psi = store.psi_peak(start, last.ts)
     ev = [*kill.evidence, *((p.ts, say.probe_line(p)) for p in recent)]
+    # the page cache re-read from disk while the probes failed: slow work, not a hang
+    t = thrash_before(v, failing[0].ts, last.ts)
+    if t is not None:
+        ev.append((t.ts, say.thrash_evidence(t)))
+    # (a server re-reading its weights on every request is serving slowly, not starting: a
+    # load reads its files once, which is never thrash)
+    starting = t is None and never_healthy(v, last.ts) is not None
     # only slow, never failed: the supervisor's patience is inferred, not recorded
     slow_only = all(p.ok and not p.timed_out for p in failing)
-    starting = never_healthy(v, last.ts) is not None
     summary, advice = say.probe_kill_text(
         kill.who.description,
         kill.how,
@@ -71,6 +81,7 @@ def probe_kill(v: ExitView, kill: SenderKill) -> Finding | None:
         failed_for_ns=last.ts - failing[0].ts,
         slow_only=slow_only,
         starting_ns=last.ts - ex.start_ns if starting else None,
+        thrash=t,
     )
     return kill.finding(
         PROBE_KILL,
@@ -82,6 +93,20 @@ def probe_kill(v: ExitView, kill: SenderKill) -> Finding | None:
         stall_ns=stall or None,
         probe_failures=len(failing),
     )
+
+
+def thrash_before(v: ExitView, since: int, until: int) -> Thrash | None:
+    """Page-cache thrash of the victim's cgroup or an ancestor in the THRASH_WINDOW_NS before
+    ``until`` (or from ``since``, the first failed probe, when that is earlier): the one
+    nearest the victim (tracer/analysis/thrash.py)."""
+    store = v.ev
+    start = min(since, until - THRASH_WINDOW_NS)
+    for cid in store.ancestry(v.ex.cgroup_id, at=until):
+        info = store.cgroups.get(cid)
+        found = detect(store.samples_between(cid, start, until), info.limit_bytes if info else None)
+        if found is not None:
+            return found
+    return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,9 @@ from tracer.outputs.charts.base import (
 )
 from tracer.outputs.timeline import UnitTimeline
 
+WARN_COLOUR = "#d62728"  # the tail's warnings: a time-to-limit projection
+THRASH_COLOUR = "#9467bd"  # where page-cache thrash began
+
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import FigureBase
@@ -91,6 +94,7 @@ class UnitPanels(ChartBase):
             ax.step(
                 xs, ys, where="post", color=EFFECTIVE_COLOUR, linewidth=5, alpha=0.3, label=label
             )
+        self._warned(ax, u, div)
         if not any(c.sampled for c in u.cgroups):
             self._note(ax, "no memory samples of this unit's cgroups in this trace")
         if top > 0:
@@ -112,6 +116,34 @@ class UnitPanels(ChartBase):
                 )
         else:
             ax.set_ylim(bottom=0)
+
+    def _warned(self, ax: Axes, u: UnitTimeline, div: float) -> None:
+        """What tail warned: each time-to-limit estimate drawn as its projection, from the
+        unreclaimable memory it saw to the limit (up to the chart's end), and a line where
+        page-cache thrash began."""
+        eta_label, thrash_label = "time-to-limit warning (projection)", "page-cache thrash began"
+        end = self.t.end_ns
+        for c in u.cgroups:
+            for ln in c.warnings:
+                if ln.eta is not None:
+                    e = ln.eta
+                    reach = ln.ts + int(e.seconds * 1e9)
+                    stop = min(reach, end)
+                    y1 = e.unreclaimable + e.rate * (stop - ln.ts) / 1e9
+                    ax.plot(
+                        [self.x(ln.ts), self.x(stop)],
+                        [e.unreclaimable / div, y1 / div],
+                        color=WARN_COLOUR,
+                        linestyle=(0, (4, 2)),
+                        linewidth=1.4,
+                        label=eta_label,
+                    )
+                    eta_label = "_"
+                elif ln.thrash is not None:
+                    ax.axvline(
+                        self.x(ln.ts), color=THRASH_COLOUR, linewidth=1.2, label=thrash_label
+                    )
+                    thrash_label = "_"
 
     def _p_breakdown(self, ax: Axes, u: UnitTimeline) -> None:
         leaves = [c for c in u.leaves if any(v is not None for v in c.anon)]
