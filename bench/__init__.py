@@ -35,6 +35,11 @@ Sections (all of them, in this order, when none is named):
   eta       the time-to-limit warnings replayed from the recorded traces tests/data/eta_*.trace.zst
             (bench/eta_traces.py records them): lead time of the first warning before each OOM
             kill and its error; false warnings on the traces without an OOM kill.
+  llm       llama.cpp's real llama-server (scripts/build-llama, the generated model of llm/)
+            serving a fixed prompt set (fixed seed, --llm-threads pinned to --storm-cpu) bare,
+            under `whyrestart record` and beside `whyrestart agent`, round-robin over --rounds:
+            tokens/s and request latency p50/p99 as ratios to bare; the tools' CPU and RSS
+            while the server runs.
 
 Sections with tools (storm, signals, reclaim) run their variants round-robin for --rounds rounds
 (the order rotates every round), each run being:

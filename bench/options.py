@@ -20,6 +20,7 @@ SECTIONS = (
     "gpuhold",
     "agent",
     "eta",
+    "llm",
 )
 SECTION_VARIANTS = {
     "storm": ("bare", "whyrestart", "bpftrace", "exitsnoop"),
@@ -33,7 +34,8 @@ WHYRESTART_ONLY = (
     "gpuhold",
     "agent",
     "eta",
-)  # sections that measure whyrestart alone
+    "llm",
+)  # sections that measure whyrestart alone (llm: against bare only)
 
 
 @dataclass
@@ -86,6 +88,10 @@ class Options:
     agent_noisy: float = 20.0
     agent_goroutines: int = 64
     agent_noisy_failures: int = 10
+    llm_requests: int = 16
+    llm_tokens: int = 32
+    llm_threads: int = 1
+    llm_ctx: int = 1024
     keep_tmp: bool = False
 
     def pinned(self, cmd: list[str]) -> list[str]:
@@ -142,6 +148,10 @@ SECTION_OPTIONS: tuple[tuple[str, str], ...] = (
         "agent_noisy_failures",
         "agent: OOM kills and fatal-signal deaths paced over that phase, half each (10)",
     ),
+    ("llm_requests", "llm: measured /completion requests per run, over the fixed prompt set (16)"),
+    ("llm_tokens", "llm: tokens each request generates (32)"),
+    ("llm_threads", "llm: llama-server's -t, on the workload CPU (1)"),
+    ("llm_ctx", "llm: llama-server's -c, its context (1024)"),
 )
 
 
@@ -237,6 +247,7 @@ def parse_args(argv: list[str] | None = None) -> Options:
         opts.agent_fatal, opts.agent_ooms, opts.agent_kills = 2, 1, 3
         opts.agent_cgroups = 5
         opts.agent_noisy, opts.agent_noisy_failures = 3.0, 2
+        opts.llm_requests, opts.llm_tokens = 3, 8
     if opts.rounds < 1 or opts.seconds <= 0:
         ap.error("--rounds and --seconds must be positive")
     bad = [s for s in opts.sections if s not in SECTIONS]

@@ -33,6 +33,7 @@ TABLES = {
     "gpuhold": ("## GPU: a program's first driver call", "| what | programs |"),
     "agent": ("## Agent: CPU at idle and at 1,000 clean exits/s", "| variant | idle CPU %"),
     "eta": ("## Time-to-limit warnings (eta)", "| trace | OOM kills |"),
+    "llm": ("## llama.cpp llama-server: tokens/s and latency", "| variant | tokens/s |"),
 }
 
 

@@ -89,6 +89,34 @@ def test_imports_stay_within_the_table() -> None:
     assert not crossing, "imports that ARCHITECTURE.md does not allow:\n" + "\n".join(crossing)
 
 
+# Top-level packages beside tracer that are workloads or harnesses, never part of the tool:
+# tracer/ may not import them (ARCHITECTURE.md, "Beside the package").
+OUTSIDE = ("llm", "tests", "bench")
+
+
+def outside_imports(found: list[tuple[int, str]]) -> list[tuple[int, str]]:
+    return [(line, t) for line, t in found if t.split(".")[0] in OUTSIDE]
+
+
+def test_the_package_imports_nothing_from_beside_it() -> None:
+    bad = [
+        f"{path.relative_to(ROOT)}:{line}: {target}"
+        for name, path in modules()
+        for line, target in outside_imports(imports(name, path))
+    ]
+    assert not bad, "tracer imports what lives beside it (llm, tests, bench):\n" + "\n".join(bad)
+
+
+def test_an_import_of_llm_from_tracer_would_fail(tmp_path: Path) -> None:
+    """The check above sees every form of the import (module top, function body, from)."""
+    f = tmp_path / "x.py"
+    f.write_text(
+        "import llm.server\nfrom llm import model\ndef f():\n    from llm.image import build\n"
+    )
+    found = outside_imports(imports("tracer.x", f))
+    assert [t for _, t in found] == ["llm.server", "llm", "llm.image"]
+
+
 @pytest.mark.parametrize("part", PURE)
 def test_pure_parts_touch_no_host(part: str) -> None:
     bad = [

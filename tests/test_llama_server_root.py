@@ -1,5 +1,5 @@
 """Tier 3 (root): llama.cpp's real `llama-server` (scripts/build-llama) serving a generated
-272 MiB llama model (tests/llm/model.py), in a memory cgroup of its own, recorded with an http
+272 MiB llama model (llm/model.py), in a memory cgroup of its own, recorded with an http
 probe of its /health (issue 29 items 1 and 4).
 
 (a) Loaded without mmap (`--load-mode none`: the weights are read into buffers) under a limit
@@ -9,7 +9,7 @@ have died while starting (no probe had passed) and that it needed more than the 
 OOM-killed while it allocates that cache, with the model mapped and within the limit.
 (c) A liveness-style supervisor that kills after 3 failed /health polls, with no initial delay,
 kills it while it is loading: probe_kill, still starting, advising a startup probe.
-(d) (b) in a podman container (tests/llm/image.py) under a restart policy: each start is
+(d) (b) in a podman container (llm/image.py) under a restart policy: each start is
 OOM-killed, and the verdicts and restarts agree with podman's RestartCount.
 
 The oracles are not the tool's: the server's own HTTP answers (/health 503 while loading, never
@@ -22,22 +22,19 @@ import os
 import re
 import resource
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-from tests.llm import image
-from tests.llm.model import model_path
+from llm import image
+from llm.server import BuildFailed, Built, argv, built, free_port, status_of
 from tests.recording import record_while, wait_for
 from tests.workloads import in_cgroup
 from tracer.analysis.analyzer import Verdict
@@ -54,40 +51,24 @@ GiB = 1024 * MiB
 
 
 @pytest.fixture(scope="module")
-def llama_server() -> Path:
-    """The built binary (scripts/build-llama: cached, so only a first build takes minutes; a
-    skip says why the build failed)."""
-    r = subprocess.run(
-        [str(ROOT / "scripts" / "build-llama")], capture_output=True, text=True, timeout=3600
-    )
-    if r.returncode != 0:
-        why = r.stderr.strip().splitlines()[-1:] or ["no reason given"]
-        pytest.skip(f"llama-server could not be built (scripts/build-llama): {why[0]}")
-    return Path(r.stdout.strip().splitlines()[-1])
+def built_server() -> Built:
+    """The built binary and the generated model (llm.server.built: scripts/build-llama is
+    cached, so only a first build takes minutes; a skip says why the build failed)."""
+    try:
+        return built()
+    except BuildFailed as exc:
+        pytest.skip(f"llama-server could not be built (scripts/build-llama): {exc}")
 
 
 @pytest.fixture(scope="module")
-def model(llama_server: Path) -> Path:
+def llama_server(built_server: Built) -> Path:
+    return built_server.binary
+
+
+@pytest.fixture(scope="module")
+def model(built_server: Built) -> Path:
     """The generated model (272 MiB), cached beside the binary."""
-    cache = llama_server.parent
-    return model_path(cache / "models", cache / "ggml-vocab-llama-spm.gguf")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def status_of(url: str, timeout: float = 1) -> int:
-    """The HTTP status the server answered (0: no answer)."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return int(r.status)
-    except urllib.error.HTTPError as e:
-        return int(e.code)
-    except OSError:
-        return 0
+    return built_server.model
 
 
 def killed_in_kernel_log(pid: int) -> list[str]:
@@ -98,10 +79,7 @@ def killed_in_kernel_log(pid: int) -> list[str]:
 
 def server_argv(binary: Path, model: Path, port: int, *extra: str) -> list[str]:
     # 2 threads (this kind of host has 2 cores); no warm-up run: the load is the test
-    return [
-        str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
-        "-t", "2", "--no-warmup", *extra,
-    ]  # fmt: skip
+    return argv(binary, model, port, *extra, threads=2)
 
 
 @dataclass
@@ -309,7 +287,7 @@ def podman(*args: str, check: bool = True) -> str:
 
 @pytest.fixture(scope="module")
 def server_image(llama_server: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """llama-server's image (tests/llm/image.py), under a tag of this run's own."""
+    """llama-server's image (llm/image.py), under a tag of this run's own."""
     if shutil.which("podman") is None or shutil.which("runc") is None:
         pytest.skip("podman and runc are not installed (scripts/setup installs them)")
     tag = f"localhost/llm-llama-server:{os.getpid()}"

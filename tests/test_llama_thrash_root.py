@@ -17,8 +17,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
-import subprocess
 import sys
 import threading
 import time
@@ -29,7 +27,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from tests.llm.model import model_path
+from llm.server import BuildFailed, free_port
+from llm.server import built as built_server
 from tests.workloads import in_cgroup
 from tracer.cli import main
 from tracer.pipeline.follow import ProbeSetup
@@ -39,7 +38,6 @@ from tracer.sources.probes import parse_probe
 
 pytestmark = pytest.mark.root
 
-ROOT = Path(__file__).resolve().parent.parent
 MiB = 1024 * 1024
 LIMIT = 200 * MiB  # the 272 MiB model does not fit beside the server's ~110 MiB of anon
 
@@ -85,15 +83,11 @@ WORK_PROBE = (
 @pytest.fixture(scope="module")
 def built() -> tuple[Path, Path]:
     """(llama-server, the generated model): scripts/build-llama's cache, built once."""
-    r = subprocess.run(
-        [str(ROOT / "scripts" / "build-llama")], capture_output=True, text=True, timeout=3600
-    )
-    if r.returncode != 0:
-        why = r.stderr.strip().splitlines()[-1:] or ["no reason given"]
-        pytest.skip(f"llama-server could not be built (scripts/build-llama): {why[0]}")
-    binary = Path(r.stdout.strip().splitlines()[-1])
-    cache = binary.parent
-    return binary, model_path(cache / "models", cache / "ggml-vocab-llama-spm.gguf")
+    try:
+        b = built_server()
+    except BuildFailed as exc:
+        pytest.skip(f"llama-server could not be built (scripts/build-llama): {exc}")
+    return b.binary, b.model
 
 
 @pytest.fixture
@@ -111,12 +105,6 @@ def stat_of(cg: ChildCgroup) -> dict[str, int]:
         raw[key] = int(value)
     refaults = raw.get("total_workingset_refault_file", raw.get("workingset_refault_file", 0))
     return {"refaults": refaults, "file": raw.get("total_cache", raw.get("file", 0))}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def private_copy(model: Path, folder: Path) -> Path:

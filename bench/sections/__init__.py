@@ -13,6 +13,7 @@ from bench.sections import (
     decode,
     eta,
     gpuhold,
+    llm,
     overflow,
     reclaim,
     replay,
@@ -34,4 +35,5 @@ RUNS: dict[str, SectionRun] = {
     "gpuhold": gpuhold.run,
     "agent": agent.run,
     "eta": eta.run,
+    "llm": llm.run,
 }

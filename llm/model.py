@@ -7,7 +7,7 @@ shape (1024 wide, 6 layers) is a 272 MiB file: larger than the limits the tests 
 enough to write in seconds. The same parameters give the same bytes, so a file is cached by its
 name (``model_path``).
 
-    python -m tests.llm.model OUT.gguf --vocab ggml-vocab-llama-spm.gguf [--layers 6] [--seed 1]
+    python -m llm.model OUT.gguf --vocab ggml-vocab-llama-spm.gguf [--layers 6] [--seed 1]
 """
 
 from __future__ import annotations
@@ -59,11 +59,11 @@ def write_model(out: Path, vocab: Path, shape: Shape = Shape()) -> Path:
         sub_type = field.types[1] if value_type == gguf.GGUFValueType.ARRAY else None
         w.add_key_value(key, field.contents(), value_type, sub_type)
 
-    def weights(*dims: int) -> np.ndarray:  # type: ignore[type-arg]
+    def weights(*dims: int) -> np.ndarray:
         # small, as trained weights are, so activations stay finite through the layers
         return (rng.standard_normal(dims, dtype=np.float32) * 0.02).astype(np.float16)
 
-    def ones(n: int) -> np.ndarray:  # type: ignore[type-arg]
+    def ones(n: int) -> np.ndarray:
         return np.ones(n, dtype=np.float32)
 
     # numpy shapes are ggml's dimensions reversed: token_embd is ne = {width, vocab}
