@@ -17,10 +17,10 @@ from collections.abc import Iterable
 
 import msgspec
 
-from tracer.analysis import senders, units
+from tracer.analysis import units
 from tracer.analysis.evidence import MAX_PIDS, Evidence
 from tracer.analysis.findings import Restart, Verdict
-from tracer.analysis.senders import IS_PLUMBING, SELF_EXE
+from tracer.analysis.senders import IS_PLUMBING, SELF_EXE, SUPERVISOR_COMMS
 from tracer.analysis.units import CONTAINER_KINDS, UNSET, UnitName, unit_of_cgroup
 from tracer.analysis.wording import carried_memory
 from tracer.events import Exec, Exit, Fork
@@ -125,7 +125,7 @@ class ProcessTable:
         if not IS_PLUMBING[ev.comm] and ev.filename != SELF_EXE:
             self.first.setdefault(ev.cgroup_id, pid)
             unit = proc.unit = (
-                self.supervised(proc) or self.named.get(proc.cgroup_id) or self.find_unit(proc)
+                self.supervised(proc) or self.named.get(proc.cgroup_id) or self._by_cgroup(proc)
             )
             if unit is not None and self.is_main(pid, proc, unit):
                 self.new_main(ev, unit)
@@ -223,17 +223,18 @@ class ProcessTable:
         runs: restarted by the supervisor, it is its own unit, even inside a container whose
         PID 1 the supervisor is (s6-overlay, supervisord, runit, pm2 images: the program shares
         the container's cgroup)."""
-        parent = self.procs.get(proc.ppid) if proc.ppid else None
-        if parent is not None and proc.filename and senders.is_process_supervisor(parent.comm):
-            return units.supervised(parent.comm, parent.pid, proc.filename)
-        return None
+        parent = self.procs.get(proc.ppid)  # (at every exec: a lookup and a set lookup)
+        if parent is None or parent.comm not in SUPERVISOR_COMMS or not proc.filename:
+            return None
+        return units.supervised(parent.comm, parent.pid, proc.filename)
 
     def find_unit(self, proc: Proc, depth: int = 0) -> UnitName | None:
         """A program under a process supervisor; else a container or systemd unit by cgroup;
         else whatever its parent belongs to; at the top, the recorded command itself."""
-        unit = self.supervised(proc)
-        if unit is not None:
-            return unit
+        return self.supervised(proc) or self._by_cgroup(proc, depth)
+
+    def _by_cgroup(self, proc: Proc, depth: int = 0) -> UnitName | None:
+        """``find_unit`` past the supervisor: the cgroup's unit, else the parent's."""
         unit = self.cgroup_units.get(proc.cgroup_id, UNSET)
         if unit is UNSET:
             info = self.ev.units.get(proc.cgroup_id)

@@ -179,7 +179,11 @@ PROCESS_SUPERVISORS = ("supervisord", "s6-supervise", "runsv", "circusd", "pm2")
 
 
 def is_process_supervisor(comm: str) -> bool:
-    return _matches(comm, PROCESS_SUPERVISORS)
+    return comm in SUPERVISOR_COMMS
+
+
+# (the process table asks at every exec: one set lookup)
+SUPERVISOR_COMMS = _truncated(PROCESS_SUPERVISORS)
 
 
 # Container runtimes' own setup processes inside a container's cgroup ("runc init" renames
