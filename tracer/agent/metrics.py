@@ -52,40 +52,81 @@ class Metrics:
         ProcessCollector(registry=reg, namespace="whyrestart_agent")
         self.series_ttl_s = series_ttl_s
         self.clock = clock
-        u = UNIT_LABELS
+        self._per_unit(reg)
+        self._of_the_agent(reg)
+        self._seen: dict[tuple[str, ...], float] = {}  # unit labels -> last update
+        # unit labels -> {(metric, label values): its child}: the children are kept, not asked
+        # for again (``labels()`` validates and locks: a third of the cost of a verdict's count)
+        self._children: dict[
+            tuple[str, ...], dict[tuple[Counter | Gauge, tuple[str, ...]], Any]
+        ] = {}
+        self._lost_seen = 0
+        self._unrecorded_seen: dict[str, int] = {}
+        self._eta_shown: set[tuple[str, ...]] = set()
+        self._shown: dict[tuple[str, ...], RuntimeIdentity] = {}  # unit labels -> its series'
+
+    def _per_unit(self, reg: CollectorRegistry) -> None:
+        """The series labelled by unit: what happened to each unit's processes."""
         self.exits = Counter(
             "whyrestart_exits",
             "Process exits judged, by cause and confidence",
-            [*u, "cause", "confidence"],
+            [*UNIT_LABELS, "cause", "confidence"],
             registry=reg,
         )
         self.restarts = Counter(
             "whyrestart_restarts",
             "Restarts of a unit, by the cause of the exit before",
-            [*u, "cause"],
+            [*UNIT_LABELS, "cause"],
             registry=reg,
         )
         self.oom_kills = Counter(
             "whyrestart_oom_kills",
             "OOM kills, by the scope of the limit that fired",
-            [*u, "limit_scope"],
+            [*UNIT_LABELS, "limit_scope"],
             registry=reg,
         )
         self.reclaim = Counter(
             "whyrestart_reclaim_stall_seconds",
             "Time processes of a unit stalled in memory reclaim",
-            list(u),
+            list(UNIT_LABELS),
             registry=reg,
         )
         self.throttle = Counter(
             "whyrestart_memory_high_throttled_seconds",
             "Time processes of a unit were throttled over memory.high",
-            list(u),
+            list(UNIT_LABELS),
             registry=reg,
         )
         self.clean = Counter(
-            "whyrestart_clean_exits", "Processes that exited with code 0", list(u), registry=reg
+            "whyrestart_clean_exits",
+            "Processes that exited with code 0",
+            list(UNIT_LABELS),
+            registry=reg,
         )
+        # time-to-limit warnings (tracer/analysis/eta.py): a series only while one stands
+        self.limit_eta = Gauge(
+            "whyrestart_memory_limit_eta_seconds",
+            "Seconds until the unit's memory reaches its effective limit at its sustained growth "
+            "(present only while the estimator warns)",
+            list(UNIT_LABELS),
+            registry=reg,
+        )
+        self.container_info = Gauge(
+            "whyrestart_container_info",
+            "A Kubernetes container as the node's CRI runtime names it (one series per unit: "
+            "a restart's new container replaces it)",
+            [*UNIT_LABELS, *IDENTITY_LABELS],
+            registry=reg,
+        )
+        self.runtime_restarts = Gauge(
+            "whyrestart_container_restarts",
+            "The unit's container's restart count as its CRI runtime gives it (the kubelet's)",
+            list(UNIT_LABELS),
+            registry=reg,
+        )
+
+    def _of_the_agent(self, reg: CollectorRegistry) -> None:
+        """The agent's own series: what it lost, wrote, kept and removed."""
         self.lost = Counter(
             "whyrestart_events_lost", "Events the kernel could not hand over", registry=reg
         )
@@ -107,43 +148,11 @@ class Metrics:
             ["kind"],
             registry=reg,
         )
-        self._seen: dict[tuple[str, ...], float] = {}  # unit labels -> last update
-        # unit labels -> the (metric, full label values) children made for it, to remove them
-        # unit labels -> {(metric, label values): its child}: the children are kept, not asked
-        # for again (``labels()`` validates and locks: a third of the cost of a verdict's count)
-        self._children: dict[
-            tuple[str, ...], dict[tuple[Counter | Gauge, tuple[str, ...]], Any]
-        ] = {}
-        self._lost_seen = 0
         self.signals_unrecorded = Counter(
             "whyrestart_signals_unrecorded",
             "Signals to watched processes counted in the kernel, not recorded: handled or "
             "ignored, they could neither end a process nor explain its end",
             ["signal"],
-            registry=reg,
-        )
-        self._unrecorded_seen: dict[str, int] = {}
-        # time-to-limit warnings (tracer/analysis/eta.py): a series only while one stands
-        self.limit_eta = Gauge(
-            "whyrestart_memory_limit_eta_seconds",
-            "Seconds until the unit's memory reaches its effective limit at its sustained growth "
-            "(present only while the estimator warns)",
-            list(u),
-            registry=reg,
-        )
-        self._eta_shown: set[tuple[str, ...]] = set()
-        self._shown: dict[tuple[str, ...], RuntimeIdentity] = {}  # unit labels -> its series'
-        self.container_info = Gauge(
-            "whyrestart_container_info",
-            "A Kubernetes container as the node's CRI runtime names it (one series per unit: "
-            "a restart's new container replaces it)",
-            [*u, *IDENTITY_LABELS],
-            registry=reg,
-        )
-        self.runtime_restarts = Gauge(
-            "whyrestart_container_restarts",
-            "The unit's container's restart count as its CRI runtime gives it (the kubelet's)",
-            list(u),
             registry=reg,
         )
 
