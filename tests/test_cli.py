@@ -165,3 +165,16 @@ def test_explain_equals_the_table_replay_prints() -> None:
     _, explained, _ = run("explain", str(GOLDEN))
     _, replayed, _ = run("replay", "--verdicts-only", str(GOLDEN))
     assert explained == replayed
+
+
+def test_the_v2_composition_agrees_with_the_kernels_figures_at_the_kill() -> None:
+    """Issue 30 §1 on cgroup v2: the limiting cgroup's composition (memory.stat read at the
+    kill, in the lab's 6.1 VM) agrees with the kernel's own report of the victim (anon-rss of
+    its OOM line) within 10%, and fills the 64 MiB limit to within 10%."""
+    code, out, _ = run("replay", "--json", str(DATA / "demo_v2_oom.trace.zst"))
+    assert code == 0
+    [v] = [v for v in orjson.loads(out)["verdicts"] if v["cause"] == "cgroup_oom"]
+    parts = v["breakdown"]
+    assert abs(parts["anon"] - parts["anon_rss"]) <= 0.1 * parts["anon_rss"], parts
+    total = sum(parts[k] for k in ("anon", "shmem", "file_mapped", "file_unmapped", "kernel"))
+    assert abs(total - v["limit_bytes"]) <= 0.1 * v["limit_bytes"], (total, v["limit_bytes"])
