@@ -297,7 +297,10 @@ def test_restarts_after_worker_ooms_agree_with_podmans_restart_count(
     assert [(v.cause, v.confidence) for v in mains] == [("cgroup_oom", "medium")] * 2
     assert all("was OOM-killed" in v.summary for v in mains)
     workers = [v for v in res.verdicts if not v.main and v.cause == "cgroup_oom"]
-    assert len(workers) == 2 and all(killed_in_kernel_log(v.pid) for v in workers)
+    # (at least one worker a run: on a loaded host the OOM killer may take the second worker
+    # too before the master's exit ends the run; each kill is the kernel log's, and the
+    # restarts stay exactly podman's count)
+    assert len(workers) >= 2 and all(killed_in_kernel_log(v.pid) for v in workers)
     assert all(v.unit == unit for v in workers)
     assert [r.cause for r in res.restarts] == ["cgroup_oom", "cgroup_oom"]
     assert res.restart_counts == [(unit, 2, 2, "podman")]
