@@ -12,9 +12,9 @@ import signal
 import msgspec
 
 from tests.streams import cgroup, execd, killed, one, probe, sample, sent
-from tracer.analysis.analyzer import Analyzer
+from tracer.analysis.analyzer import Analyzer, Verdict
 from tracer.analysis.thrash import MIN_RATE, PAGE_SIZE, detect
-from tracer.events import CgroupSample, EffectiveLimit
+from tracer.events import CgroupSample, EffectiveLimit, Event
 from tracer.outputs.tail import WARN, feed_of
 
 MiB = 1024 * 1024
@@ -99,17 +99,14 @@ def test_the_tail_names_it_when_it_starts_and_when_it_stops() -> None:
     assert end.text == "thrash  /llm: no longer re-reading its page cache"
 
 
-def test_a_probe_kill_while_the_model_is_re_read_cites_the_thrash() -> None:
-    """A supervisor kills a server whose work-probes (a one-token completion with a timeout)
-    timed out while its cgroup re-read its mapped weights: probe_kill, with the thrash as the
-    reason the probes were slow and advice about the limit, not the probe."""
-
-    pages = 150_000
+def probe_killed(pages_per_s: int, *more: Event) -> Verdict:
+    """A server refaulting ``pages_per_s`` whose work-probes time out from 7 s, killed by
+    conmon at 9.5 s."""
     events = [
         cgroup(CG, PATH, 200 * MiB),
         execd(0.1, 100, CG, "llama-server"),
-        probe(1.0, True, 300),
-        *thrashing(10, pages),
+        *more,
+        *thrashing(10, pages_per_s),
         probe(7.0, False, 2000, timed_out=True),
         probe(8.0, False, 2000, timed_out=True),
         probe(9.0, False, 2000, timed_out=True),
@@ -117,7 +114,15 @@ def test_a_probe_kill_while_the_model_is_re_read_cites_the_thrash() -> None:
         killed(9.5, 100, signal.SIGKILL, cg=CG, start=0.1),
     ]
     events.sort(key=lambda e: e.ts)
-    v = one(*events)
+    return one(*events)
+
+
+def test_a_probe_kill_while_the_model_is_re_read_cites_the_thrash() -> None:
+    """A supervisor kills a server whose work-probes (a one-token completion with a timeout)
+    timed out while its cgroup re-read its mapped weights: probe_kill, with the thrash as the
+    reason the probes were slow and advice about the limit, not the probe."""
+
+    v = probe_killed(150_000, probe(1.0, True, 300))
     assert (v.cause, v.confidence) == ("probe_kill", "high")
     assert "page cache re-read from disk at 585.9 MiB/s" in v.summary
     assert "no room for the files it reads" in v.advice and "timeout only hides it" in v.advice
@@ -128,17 +133,6 @@ def test_a_probe_kill_while_the_model_is_re_read_cites_the_thrash() -> None:
 
 def test_a_probe_kill_with_the_cache_fitting_says_nothing_of_thrash() -> None:
 
-    events = [
-        cgroup(CG, PATH, 200 * MiB),
-        execd(0.1, 100, CG, "llama-server"),
-        *thrashing(10, 100),
-        probe(7.0, False, 2000, timed_out=True),
-        probe(8.0, False, 2000, timed_out=True),
-        probe(9.0, False, 2000, timed_out=True),
-        sent(9.5, 400, 100, signal.SIGKILL, comm="conmon"),
-        killed(9.5, 100, signal.SIGKILL, cg=CG, start=0.1),
-    ]
-    events.sort(key=lambda e: e.ts)
-    v = one(*events)
+    v = probe_killed(100)
     assert v.cause == "probe_kill"
     assert "re-read" not in v.summary and "page cache" not in v.advice
