@@ -15,10 +15,10 @@
  * watched here from the fork the main object saw, not from when user space decodes it.
  *
  * A library file nobody probed yet (LD_LIBRARY_PATH, a conda environment, a container's
- * compat directory) is caught as it is opened: when a watched process's open/openat returns a
- * file named libcuda.so* opened for reading only (about_to_run), and that file is not in
- * gpu_probed_files, the process is stopped with SIGSTOP before it returns to user space and put
- * in gpu_held. User space attaches the probes to the file (/proc/PID/fd/FD), adds it to
+ * compat directory) is caught as the loader maps it to run it: when a watched process maps a
+ * file named libcuda.so* executable from a descriptor opened for reading only (about_to_run),
+ * and that file is not in gpu_probed_files, the process is stopped with SIGSTOP before the mmap
+ * returns to user space and put in gpu_held. User space attaches the probes to the file (/proc/PID/fd/FD), adds it to
  * gpu_probed_files and resumes the process with SIGCONT: its very first driver call is then
  * caught. The hold is bounded by user space (and by
  * tracer/gpu/holdguard.py if the recorder dies); holds that could not be taken are counted.
@@ -536,11 +536,18 @@ int BPF_KRETPROBE(ctx_create_v4_ret, long ret)
 }
 
 /* ---------------------------------------------------------------------------------------- */
-/* Holding a process that opened a driver library nobody probed yet (see the top of the file).
- * The syscall-exit tracepoints run in the opening task just before it returns to user space,
- * where the SIGSTOP sent from here takes effect: no instruction of the process runs between the
- * open and the stop. glibc's loader and dlopen use openat; open and openat2 are the other two
- * ways to get a descriptor for a path. */
+/* Holding a process that is about to run a driver library nobody probed yet (see the top of the
+ * file). The hold is taken at the first mmap of the file with PROT_EXEC, not at its open: a
+ * dynamic loader (glibc's _dl_map_segments, musl's map_library) maps a library's code segment
+ * executable from the descriptor it opened, and nothing else does. cp, ldconfig, ld linking
+ * against the stub, a checksum, an image unpacker or dpkg read or write the file (ldconfig and
+ * ld map it PROT_READ): holding at open stopped each of them once per unprobed file, on every
+ * host, GPU or not (kernel-side review §1). sys_enter_mmap runs in the mapping task; the SIGSTOP
+ * sent from it takes effect as the mmap returns to user space, with the descriptor still open
+ * (the loader closes it after mapping every segment) and before the loader has run any of the
+ * library's code: its constructors and first driver call come after the probes are attached.
+ * (uprobe_register installs the probes into mappings that already exist, register_for_each_vma
+ * in kernel/events/uprobes.c, so mapping first and probing second loses nothing.) */
 
 static __always_inline bool named_libcuda(struct file *f)
 {
@@ -567,12 +574,10 @@ static __always_inline bool named_libcuda(struct file *f)
 #define WR_FMODE_WRITE 0x2
 #define WR_FMODE_PATH 0x4000
 
-/* Only a process that may be about to run the library is held: one that opened it for reading
- * alone. A writer (dpkg or an image unpacker writing a new driver, a copy's target), a read-write
- * opener and an O_PATH opener cannot map it to run it through that descriptor, and stopping them
- * stops a package manager or a container runtime on every host, GPU or not (kernel-side review
- * §1). A file that anyone still has open for writing (i_writecount > 0) is half-written: probing
- * it now would attach uprobes to offsets that are about to change and mark it probed for good. */
+/* The descriptor being mapped executable is one a loader opens: for reading alone (O_PATH ones
+ * cannot be mapped at all; a read-write one is not a loader's). A file that anyone still has
+ * open for writing (i_writecount > 0) is half-written: probing it now would attach uprobes to
+ * offsets that are about to change and mark it probed for good. */
 static __always_inline bool about_to_run(struct file *f)
 {
 	unsigned int mode = BPF_CORE_READ(f, f_mode);
@@ -582,7 +587,7 @@ static __always_inline bool about_to_run(struct file *f)
 	return BPF_CORE_READ(f, f_inode, i_writecount.counter) <= 0;
 }
 
-static __always_inline int hold_if_unprobed(long ret)
+static __always_inline int hold_if_unprobed(int ret)
 {
 	struct task_struct *task;
 	struct fdtable *fdt;
@@ -662,20 +667,20 @@ static __always_inline int hold_if_unprobed(long ret)
 	return 0;
 }
 
-SEC("tracepoint/syscalls/sys_exit_openat")
-int hold_openat(struct trace_event_raw_sys_exit *ctx)
-{
-	return hold_if_unprobed(ctx->ret);
-}
+/* include/uapi/asm-generic/mman-common.h */
+#define WR_PROT_EXEC 0x4
+#define WR_MAP_ANONYMOUS 0x20
 
-SEC("tracepoint/syscalls/sys_exit_open")
-int hold_open(struct trace_event_raw_sys_exit *ctx)
+/* mmap(addr, len, prot, flags, fd, off): x86-64 and arm64 both define the syscall as "mmap"
+ * (arch/x86/kernel/sys_x86_64.c, arch/arm64/kernel/sys.c), so this one tracepoint is the loader's
+ * way in on both. */
+SEC("tracepoint/syscalls/sys_enter_mmap")
+int hold_mmap(struct trace_event_raw_sys_enter *ctx)
 {
-	return hold_if_unprobed(ctx->ret);
-}
+	unsigned long prot = ctx->args[2], flags = ctx->args[3];
+	long fd = (long)ctx->args[4];
 
-SEC("tracepoint/syscalls/sys_exit_openat2")
-int hold_openat2(struct trace_event_raw_sys_exit *ctx)
-{
-	return hold_if_unprobed(ctx->ret);
+	if (!(prot & WR_PROT_EXEC) || (flags & WR_MAP_ANONYMOUS) || (int)fd < 0)
+		return 0;
+	return hold_if_unprobed((int)fd);
 }

@@ -124,7 +124,7 @@ def test_orchestrators_wait_for_the_agents_readiness() -> None:
 
 
 def test_the_unit_may_resume_a_held_process_of_any_user() -> None:
-    """The GPU hold SIGSTOPs a program of whatever user opens libcuda; the agent and its guard
+    """The GPU hold SIGSTOPs a program of whatever user loads libcuda; the agent and its guard
     resume it with SIGCONT, which a root without CAP_KILL may not send to another user's
     process (kill(2): EPERM), so the program would stay stopped."""
     text = UNIT.read_text()

@@ -255,7 +255,7 @@ def test_no_hold_while_the_recorders_heartbeat_is_stale(
     fast: Fast,
 ) -> None:
     """A recorder that stopped looping (stuck, frozen, or dead with a guard that lives on)
-    holds nobody: the program runs at once, its opener spared and counted. (Not checked
+    holds nobody: the program runs at once, its loader spared and counted. (Not checked
     through its parent's waitpid(WUNTRACED): another helper's agent on a shared host may hold it
     too, and that is not this recorder's hold.)"""
     side = GpuSide(filter_all=False, memcg_v1=True, attach_host=False)

@@ -3,9 +3,9 @@ nobody probed (LD_LIBRARY_PATH) is caught, with no cooperation from the program.
 
 The programs (tests/gpu/fast.c) are linked against the stand-in libcuda.so.1 and found by the
 dynamic loader through LD_LIBRARY_PATH; they call the driver at once and exit within
-milliseconds, waiting for nothing. The kernel holds each one (SIGSTOP) as its open of the library
-returns, until the recorder has probed the file; the guard process resumes held processes when
-the recorder cannot.
+milliseconds, waiting for nothing. The kernel holds each one (SIGSTOP) as its executable mmap of
+the library returns, until the recorder has probed the file; the guard process resumes held
+processes when the recorder cannot.
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def test_a_program_that_fails_at_once_and_exits_2_is_gpu_oom(
 def test_a_library_probed_at_start_holds_nobody(
     tmp_path: Path, fast: Fast, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The host's libcuda is probed before the command starts: opening it costs no hold."""
+    """The host's libcuda is probed before the command starts: loading it costs no hold."""
     from tracer.gpu import libcuda
 
     monkeypatch.setattr(libcuda, "host_libraries", lambda: [str(fast.libdir / "libcuda.so.1")])
@@ -376,46 +376,72 @@ def test_two_recorders_holding_one_process_both_catch_its_first_call(
             side.close()
 
 
-# Every way to get a descriptor for a libcuda file without being about to run it: a writer (an
-# image unpacker, dpkg writing the new library), a read-write opener, an O_PATH opener, and the
-# dpkg-style replacement (write a temporary file, rename it over the library). A child does them
-# while its parent waits with WUNTRACED: any hold would show as a stop (exit 3).
+# Everything done to a libcuda file short of loading it, each step in a child of its own that
+# this program waits for with WUNTRACED (any hold shows as a stop: exit 3): cp of the real
+# library (it reads it), ldconfig reading its ELF header, a checksum through a read-only mmap, a
+# dpkg-style replacement (write a temporary file, rename it over the library), a writer, a
+# read-write opener and an O_PATH opener. The programs cp and ldconfig are exec'd as they are.
 _NOT_A_LOADER = r"""
-import os, sys
-lib = sys.argv[1]
-pid = os.fork()
-if pid == 0:
+import mmap, os, shutil, sys
+src, lib = sys.argv[1], sys.argv[2]
+libdir = os.path.dirname(lib)
+
+def checksum():
+    with open(lib, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m:
+        sum(m[:4096])
+
+def replace():
     fd = os.open(lib + ".new", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    os.write(fd, b"\x7fELF" + bytes(4096))
+    os.write(fd, open(lib, "rb").read())
     os.close(fd)
     os.rename(lib + ".new", lib)
+
+def openers():
     fd = os.open(lib, os.O_WRONLY | os.O_APPEND)
     os.write(fd, b"x")
     os.close(fd)
     os.close(os.open(lib, os.O_RDWR))
     os.close(os.open(lib, os.O_PATH))
-    os.close(os.open(os.path.dirname(lib) + "/libcuda.so.2", os.O_WRONLY | os.O_CREAT, 0o644))
-    os._exit(0)
-_, status = os.waitpid(pid, os.WUNTRACED)
-if os.WIFSTOPPED(status):
-    os.kill(pid, 18)
-    os.waitpid(pid, 0)
-    sys.exit(3)
-sys.exit(os.waitstatus_to_exitcode(status))
+
+steps = [
+    ["cp", src, lib], [shutil.which("ldconfig") or "/sbin/ldconfig", "-n", libdir],
+    checksum, replace, openers,
+]
+for step in steps:
+    pid = os.fork()
+    if pid == 0:
+        if callable(step):
+            step()
+            os._exit(0)
+        os.execvp(step[0], step)
+    _, status = os.waitpid(pid, os.WUNTRACED)
+    if os.WIFSTOPPED(status):
+        os.kill(pid, 18)
+        os.waitpid(pid, 0)
+        print("stopped", step, status, flush=True)
+        sys.exit(3)
+    if os.waitstatus_to_exitcode(status) != 0:
+        sys.exit(4)
 """
 
 
-def test_writers_and_o_path_openers_of_a_libcuda_file_are_never_held(
+def test_copiers_ldconfig_writers_and_o_path_openers_of_a_libcuda_are_never_held(
     tmp_path: Path, fast: Fast, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    lib = tmp_path / "writer" / "libcuda.so.1"
+    lib = tmp_path / "copy" / "libcuda.so.1"
     lib.parent.mkdir()
     program = tmp_path / "not_a_loader.py"
     program.write_text(_NOT_A_LOADER)
     _res, events, holds = record(
-        tmp_path, fast, monkeypatch, str(program), str(lib), program=Path(sys.executable)
+        tmp_path,
+        fast,
+        monkeypatch,
+        str(program),
+        str(fast.libdir / "libcuda.so.1"),
+        str(lib),
+        program=Path(sys.executable),
     )
     exits = of(Exit, events)
-    assert sorted(e.wait.code for e in exits) == [0, 0], exits
+    assert sorted(e.wait.code for e in exits) == [0] * 6, exits
     assert (holds["taken"], holds["not_taken"]) == (0, 0)
     assert of(GpuLibrary, events) == []

@@ -205,12 +205,12 @@ def can_record(checks: list[Check]) -> bool:
 def _hold_cost(host_libcuda: object) -> str:
     """What the first-call hold costs here: said, because it stops other processes."""
     cost = (
-        "it stops a process that opens an unprobed libcuda.so* for reading, once per file, "
-        "for about 30 ms (writers and O_PATH openers never)"
+        "it stops a process that maps an unprobed libcuda.so* to run it (a loader), once per "
+        "file, for about 30 ms (writers, copiers, ldconfig and O_PATH openers never)"
     )
     if not isinstance(host_libcuda, dict) or not host_libcuda:
         return f"no libcuda on this host: {cost}, and only if one appears"
-    return f"the host's libcuda is probed at start, so its openers are not held; {cost}"
+    return f"the host's libcuda is probed at start, so its loaders are not held; {cost}"
 
 
 def _gpu_checks(memcg_v1: bool, facts: dict[str, Any]) -> list[Check]:
@@ -239,7 +239,7 @@ def _gpu_checks(memcg_v1: bool, facts: dict[str, Any]) -> list[Check]:
         Check(
             "gpu:hold",
             info.get("hold") == "ready",
-            f"first-call hold of processes opening an unprobed libcuda: {info.get('hold')}; "
+            f"first-call hold of processes loading an unprobed libcuda: {info.get('hold')}; "
             f"holds shared with other recorders: {info.get('hold_peers')}; "
             f"its guard: {info.get('hold_guard')}; "
             f"{_hold_cost(info.get('host_libcuda'))}",

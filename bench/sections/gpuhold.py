@@ -1,11 +1,12 @@
 """Section gpuhold: the window in which a GPU program's first driver call could be missed.
 
 A program that loads libcuda from a path nobody probed (LD_LIBRARY_PATH) and fails its first
-allocation at once: the kernel holds it as its open of the library returns, until the recorder
-has probed the file (tracer/gpu/holds.py). Measured: how many such programs had their one
-failure caught (of the runs), how many holds were taken and not taken, and how long a held
-program waited (the footer's ``gpu_holds``: the time from its stop to its SIGCONT). The stand-in
-driver and the program are the tests' (tests/gpu/fake_cuda.c, tests/gpu/fast.c), built here.
+allocation at once: the kernel holds it as it maps the library's code (its executable mmap),
+until the recorder has probed the file (tracer/gpu/holds.py). Measured: how many such programs
+had their one failure caught (of the runs), how many holds were taken and not taken, and how
+long a held program waited (the footer's ``gpu_holds``: the time from its stop to its
+SIGCONT). The stand-in driver and the program are the tests' (tests/gpu/fake_cuda.c,
+tests/gpu/fast.c), built here.
 """
 
 from __future__ import annotations
@@ -123,9 +124,10 @@ def run(opts: Options, tmp: Path, ctx: Context) -> Section:
             "at once, and exits 2 when it is refused, waiting for nothing.",
             "failures caught: recordings whose trace holds the program's gpu_alloc_fail "
             "(storm: distinct pids with one). holds taken / not taken / held ms: the "
-            "footer's gpu_holds (a hold lasts from the kernel's SIGSTOP at the open's return "
-            "to the recorder's SIGCONT once the file is probed; the storm's first program is "
-            "held, and those opening the file while it is held; later ones find it probed). "
+            "footer's gpu_holds (a hold lasts from the kernel's SIGSTOP at the executable "
+            "mmap's return to the recorder's SIGCONT once the file is probed; the storm's "
+            "first program is held, and those loading the file while it is held; later ones "
+            "find it probed). "
             "lost: the footer's lost records.",
             "The storm: `fast storm {gpuhold_storm}` starts {gpuhold_storm} copies of itself in "
             "`fail` mode at once "

@@ -54,8 +54,8 @@ PROGRAMS: dict[str, tuple[str | None, str | None]] = {
     "cuCtxCreate_v4": (None, "ctx_create_v4_ret"),
 }
 
-# The syscall exits where a process that opened an unprobed libcuda is stopped (gpu.bpf.c).
-HOLD_PROGRAMS = ("hold_openat", "hold_open", "hold_openat2")
+# Where a process about to run an unprobed libcuda is stopped: its executable mmap (gpu.bpf.c).
+HOLD_PROGRAMS = ("hold_mmap",)
 # Every recorder's holds (gpu.bpf.c), pinned in bpffs by this name so that recorders share it.
 PEERS_MAP = "wr_gpu_peers"
 # Another recorder's hold older than this is ignored (that recorder is stuck or gone, and its
@@ -178,8 +178,8 @@ class GpuHooks:
     # -- holds ------------------------------------------------------------------------------
 
     def enable_holds(self) -> list[str]:
-        """Attach the syscall-exit programs and switch holding on; what failed to attach (holding
-        is on if any attached: openat is the one glibc uses)."""
+        """Attach the hold program (at the executable mmap) and switch holding on; what failed to
+        attach (holding stays off then)."""
         errors: list[str] = []
         for name in HOLD_PROGRAMS:
             try:

@@ -1,6 +1,7 @@
-"""The first-call hold: processes the kernel stopped because they opened a libcuda file nobody
-had probed (``LD_LIBRARY_PATH``, a conda environment, a container's compat directory) are
-resumed once that file is probed, so their first driver call is caught however soon it comes.
+"""The first-call hold: processes the kernel stopped as they mapped, to run it, a libcuda file
+nobody had probed (``LD_LIBRARY_PATH``, a conda environment, a container's compat directory)
+are resumed once that file is probed, so their first driver call is caught however soon it
+comes.
 
 ``Holds`` starts the guard process (``tracer.gpu.holdguard``: it resumes what is held if the
 recorder dies, and ends holds that last longer than its bound) before the kernel may hold
@@ -186,7 +187,7 @@ class Holds:
         return {
             "taken": taken,
             "not_taken": refused,
-            # openers not held: this recorder's loop had not beaten for 2 s; or ptraced
+            # loaders not held: this recorder's loop had not beaten for 2 s; or ptraced
             "spared_stale": stale,
             "spared_traced": traced,
             "leftovers_resumed": self.leftovers_resumed,
@@ -206,7 +207,7 @@ class Holds:
             summary = self.final = self.summary()
             if summary["not_taken"]:
                 self.warnings.append(
-                    f"{summary['not_taken']} processes opened an unprobed libcuda when they "
+                    f"{summary['not_taken']} processes loaded an unprobed libcuda when they "
                     "could not be held: their first driver calls may have been missed"
                 )
         self.stop()

@@ -53,7 +53,7 @@ class Libraries:
 
     def host(self, path: str) -> str:
         """Probe one of the host's own library files, once; a one-line summary. A file probed
-        here is marked probed for the kernel too: opening it holds nobody."""
+        here is marked probed for the kernel too: loading it holds nobody."""
         try:
             os.stat(path)
         except OSError as exc:

@@ -9,7 +9,7 @@ once, starts the NVML sampler (``tracer.gpu.nvml``), and then, from the recorder
   once, the others every second, a bounded number per call so a fork storm cannot stall the
   loop) and probes every library file it maps: a GPU process is covered from then on
   (each real file once: ``tracer.gpu.libraries``);
-* resumes the processes the kernel held because they opened a libcuda file nobody probed yet,
+* resumes the processes the kernel held because they were loading a libcuda file nobody probed yet,
   once that file is probed (``tracer.gpu.holds``);
 * hands back, from ``poll``, the GPU object's ring-buffer records, NVML's samples and events,
   and one ``GpuLibrary`` event per process that maps a driver library.
@@ -65,7 +65,7 @@ MAX_RESCANS_PER_ROUND = 256
 # A process not mapping libcuda is looked at again every round (every second) by default. With
 # a longer ``rescan_max_gap_ns`` (the always-on agent's) the gap doubles after each look, up to
 # it: a node's hundred long-running non-GPU servers are not read every second (a large
-# process's maps take ~1 ms), and an unprobed libcuda opened between looks is still held by
+# process's maps take ~1 ms), and an unprobed libcuda loaded between looks is still held by
 # the kernel until it is probed (``hold``).
 
 
@@ -93,7 +93,7 @@ class GpuSide:
         """``shared_maps``: the main object's watched_pids / watched_cgroups descriptors (the
         GPU programs then watch exactly what it watches, from the fork on); without them this
         side fills its own pid filter from ``watch``/``track``. ``hold``: stop processes that
-        open an unprobed libcuda until it is probed."""
+        load an unprobed libcuda until it is probed."""
         self.filter_all = filter_all
         self.shared = dict(shared_maps or {})
         self.proc = proc
