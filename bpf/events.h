@@ -98,6 +98,8 @@ enum wr_oom_constraint {
 
 /* wr_oom.flags: the victim was already exiting by itself (marked, not killed) */
 #define WR_OOM_EXITING 1
+/* wr_oom.flags: the limit and usage are the memory+swap counter's (v1 memory.memsw.*) */
+#define WR_OOM_MEMSW 2
 
 /* A watched process created a new process. The header names the parent. */
 struct wr_fork {

@@ -135,6 +135,7 @@ struct {
  * reuse the context of an earlier OOM of the same thread. */
 struct oom_ctx {
 	__u64 memcg_ptr;
+	__u64 chosen_ptr; /* oc->chosen: the victim oom_kill_process() kills */
 	__u64 ts_ns;
 	__u32 rung;
 	__u32 constraint; /* WR_OOM_CONSTRAINT_* from oc->constraint */
@@ -355,6 +356,8 @@ static __always_inline void count_clean_exit(struct task_struct *task)
 		bpf_map_update_elem(&clean_exits, &id, &one, BPF_NOEXIST);
 }
 
+#define WR_PF_KTHREAD 0x00200000 /* include/linux/sched.h, the same bit since 2.6.27 */
+
 /* group_dead: 1 or 0 from the tracepoint, -1 where the kernel does not pass it. */
 static __always_inline int handle_exit(struct task_struct *task, int group_dead, __u16 rung)
 {
@@ -375,6 +378,11 @@ static __always_inline int handle_exit(struct task_struct *task, int group_dead,
 		bpf_map_delete_elem(&watched_threads, &tid);
 	}
 	if (tgid == cfg.self_tgid || !group_dead)
+		return 0;
+	/* A kernel thread's exit (kthread_exit(ret) -> do_exit(ret)) is nobody's restart, and its
+	 * code is an errno, not a wait status: -EINTR read as one is "killed by signal 124"
+	 * (kernel-side review §18). */
+	if (BPF_CORE_READ(task, flags) & WR_PF_KTHREAD)
 		return 0;
 	if (group_dead < 0 && BPF_CORE_READ(task, signal, live.counter) != 0)
 		return 0;
@@ -718,6 +726,7 @@ static __always_inline void note_oc(struct oom_control *oc, __u32 rung)
 	struct oom_ctx c = {};
 
 	c.memcg_ptr = (__u64)BPF_CORE_READ(oc, memcg);
+	c.chosen_ptr = (__u64)BPF_CORE_READ(oc, chosen);
 	c.ts_ns = bpf_ktime_get_boot_ns();
 	c.rung = rung;
 	c.constraint = oc_constraint(oc);
@@ -778,6 +787,7 @@ struct limited {
 	__u64 max;
 	__u64 usage;
 	__s64 headroom;
+	int memsw; /* the counter found is memory+swap's (v1) */
 };
 
 /* Walk one page counter and its parents: the charge path (try_charge_memcg ->
@@ -786,7 +796,7 @@ struct limited {
  * css.parent would blame an ancestor whose limit the charge never met. off is the counter's
  * offset in struct mem_cgroup (memory or memsw), to get each counter's memcg back. */
 static __always_inline void walk_counters(struct page_counter *c, __u64 off, int want_high,
-					  struct limited *out)
+					  int memsw, struct limited *out)
 {
 	for (int i = 0; i < MAX_CGROUP_DEPTH && c; i++) {
 		__u64 max = UNLIMITED_PAGES;
@@ -807,6 +817,7 @@ static __always_inline void walk_counters(struct page_counter *c, __u64 off, int
 				out->id = memcg_id((struct mem_cgroup *)((__u64)c - off));
 				out->max = max;
 				out->usage = usage;
+				out->memsw = memsw;
 			}
 		}
 		c = BPF_CORE_READ(c, parent);
@@ -824,12 +835,13 @@ static __always_inline void find_limited(struct mem_cgroup *memcg, struct limite
 	out->max = 0;
 	out->usage = 0;
 	out->headroom = 0x7fffffffffffffffLL;
+	out->memsw = 0;
 	if (!memcg)
 		return;
-	walk_counters(&memcg->memory, bpf_core_field_offset(struct mem_cgroup, memory), want_high,
+	walk_counters(&memcg->memory, bpf_core_field_offset(struct mem_cgroup, memory), want_high, 0,
 		      out);
 	if (!want_high && cfg.memcg_v1 && bpf_core_field_exists(memcg->memsw))
-		walk_counters(&memcg->memsw, bpf_core_field_offset(struct mem_cgroup, memsw), 0,
+		walk_counters(&memcg->memsw, bpf_core_field_offset(struct mem_cgroup, memsw), 0, 1,
 			      out);
 }
 
@@ -842,6 +854,8 @@ static __always_inline void find_limit(struct mem_cgroup *memcg, struct wr_oom *
 	e->limit_pages = lim.max;
 	e->usage_pages = lim.usage;
 	e->memcg = lim.id && at_limit(lim.usage, lim.max);
+	if (e->memcg && lim.memsw)
+		e->flags |= WR_OOM_MEMSW;
 }
 
 /* One record per victim process: mark_oom_victim() guards on the per-thread TIF_MEMDIE, so in
@@ -883,10 +897,21 @@ static __always_inline int handle_victim(struct task_struct *victim, __u32 victi
 	struct exit_key k = {};
 	struct wr_oom *e;
 
-	/* the classic tracepoint names the victim by thread id: often the thread whose
-	 * allocation failed, i.e. the current task */
+	/* The classic tracepoint names the victim by thread id: often the thread whose
+	 * allocation failed, i.e. the current task; else, where oom_kill_process() was hooked,
+	 * the task it was passed (oc->chosen): a victim another task's allocation chose (the
+	 * largest process of a cgroup, one that entered it by migration and so is not in
+	 * watched_pids) is then known by its task, its comm and its cgroup, not by a bare tid
+	 * (kernel-side review §10). memory.oom.group's other members are not oc->chosen and stay
+	 * named by the kernel log. */
 	if (!victim && victim_pid == BPF_CORE_READ(cur, pid))
 		victim = cur;
+	if (!victim && oc && oc->chosen_ptr) {
+		struct task_struct *chosen = (struct task_struct *)oc->chosen_ptr;
+
+		if (BPF_CORE_READ(chosen, pid) == victim_pid)
+			victim = chosen;
+	}
 	if (victim) {
 		__u8 one = 1;
 
@@ -942,6 +967,21 @@ static __always_inline int handle_victim(struct task_struct *victim, __u32 victi
 			e->limit_cgroup_id = memcg_id(memcg);
 			e->limit_pages = BPF_CORE_READ(memcg, memory.max);
 			e->usage_pages = BPF_CORE_READ(memcg, memory.usage.counter);
+			/* On v1 with swap accounting the charge that failed may have been the
+			 * memory+swap counter's (try_charge_memcg: mem_over_limit is then the memcg
+			 * of memsw): report the counter that is at its limit, not memory's at 600 MiB
+			 * of 1 GiB (kernel-side review §15). */
+			if (cfg.memcg_v1 && bpf_core_field_exists(memcg->memsw) &&
+			    !at_limit(e->usage_pages, e->limit_pages)) {
+				__u64 max = BPF_CORE_READ(memcg, memsw.max);
+				__u64 usage = BPF_CORE_READ(memcg, memsw.usage.counter);
+
+				if (max < UNLIMITED_PAGES && at_limit(usage, max)) {
+					e->limit_pages = max;
+					e->usage_pages = usage;
+					e->flags |= WR_OOM_MEMSW;
+				}
+			}
 		}
 	} else {
 		find_limit(task_memcg(victim ? victim : cur), e);
@@ -1157,16 +1197,21 @@ static __always_inline int stall_begin(__u32 kind, struct mem_cgroup *memcg, __u
 		.task_start_ns = BPF_CORE_READ(task, start_boottime),
 	};
 
-	if (tgid == cfg.self_tgid || !is_watched(task, tgid))
-		return 0;
 	/* Before the inline wrapper (e.g. 6.1, 5.10) the over-high handler runs on every return to
-	 * user space and returns at once when nothing is over memory.high: not a throttle. Its
-	 * return hook still fires: a start left from a pass whose end was missed must not be
-	 * closed by it. */
+	 * user space with TIF_NOTIFY_RESUME, which rseq sets for every glibc >= 2.35 thread on
+	 * each preemption or migration, and returns at once when nothing is over memory.high: not
+	 * a throttle, and checked first, before the watched-set lookups, so that nearly every
+	 * context switch on the host costs one field read (kernel-side review §13). Its return
+	 * hook still fires: on the kretprobe rung, whose returns can be missed (maxactive), a start
+	 * left from a pass whose end was missed must not be closed by this one; fexit is never
+	 * missed, so the fentry rung touches no map here. */
 	if (kind == WR_STALL_HIGH && !BPF_CORE_READ(task, memcg_nr_pages_over_high)) {
-		bpf_map_delete_elem(&reclaim_starts, &key);
+		if (rung == WR_RUNG_KPROBE)
+			bpf_map_delete_elem(&reclaim_starts, &key);
 		return 0;
 	}
+	if (tgid == cfg.self_tgid || !is_watched(task, tgid))
+		return 0;
 	st.ts_ns = bpf_ktime_get_boot_ns();
 	st.kind = kind;
 	st.rung = rung;

@@ -7,6 +7,7 @@ import ctypes
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tracer.analysis import wording as say
 from tracer.bpf import layout
 from tracer.bpf.decode import Decoder
 from tracer.events import Exec, Exit, Fork, OomKill, Signal, decode_wait_status
@@ -89,6 +90,21 @@ def test_oom_carries_oom_controls_constraint_and_the_exiting_mark() -> None:
     rec = layout.WrOom(h=hdr(layout.EV_OOM, layout.WrOom, rung=3), victim_pid=50)
     ev = Decoder().decode(bytes(rec))
     assert isinstance(ev, OomKill) and (ev.constraint, ev.exiting) == ("", False)
+
+
+def test_an_oom_at_the_memory_plus_swap_limit_says_so() -> None:
+    # flags WR_OOM_MEMSW: cgroup v1's memsw counter was the one at its limit
+    rec = layout.WrOom(
+        h=hdr(layout.EV_OOM, layout.WrOom, rung=1),
+        victim_pid=50,
+        memcg=1,
+        limit_pages=512,
+        usage_pages=512,
+        flags=2,
+    )
+    ev = Decoder(page_size=4096).decode(bytes(rec))
+    assert isinstance(ev, OomKill) and (ev.memsw, ev.exiting) == (True, False)
+    assert "memory+swap limit" in say.bpf_oom(ev, "/docker/web")
 
 
 def test_fork_and_exec() -> None:

@@ -128,7 +128,7 @@ def test_every_gpu_program_exists_in_the_gpu_object(
         if ret is not None:
             assert names.get(ret) == "uretprobe", ret
     for name in gpuhooks.HOLD_PROGRAMS:
-        assert names.get(name, "").startswith("tracepoint/syscalls/sys_exit_open"), name
+        assert names.get(name) == "tracepoint/syscalls/sys_enter_mmap", name
     # the type numbers the decoder registers are the ones the C enum has
     enums = _dump_enums(gpuhooks.object_path())
     assert enums["wr_gpu_event_type"] == {

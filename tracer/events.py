@@ -152,6 +152,9 @@ class OomKill(Event, frozen=True, tag="oom"):
     constraint: str = ""
     # marked by the OOM killer while already exiting by itself (task_will_free_mem()): no kill
     exiting: bool = False
+    # the limit and usage are cgroup v1's memory+swap counter's (memory.memsw.limit_in_bytes):
+    # the charge that failed was memory+swap's, with memory itself under its limit
+    memsw: bool = False
 
 
 class Fork(Event, frozen=True, tag="fork"):

@@ -179,9 +179,10 @@ def record(
     *,
     disabled: tuple[str, ...] = (),
     stall_threshold_ns: int = 10_000_000,
+    cgroups: tuple[str, ...] = (),
 ) -> tuple[RecordResult, list[Event]]:
-    """Record ``argv`` with the programs in ``disabled`` switched off: the result and the
-    events of the trace file it wrote."""
+    """Record ``argv`` (and the ``cgroups`` too) with the programs in ``disabled`` switched
+    off: the result and the events of the trace file it wrote."""
 
     class _Hooks(hooks.KernelHooks):
         def __init__(
@@ -194,7 +195,7 @@ def record(
     try:
         res = Recorder(
             out,
-            Targets(command=argv),
+            Targets(command=argv, cgroups=list(cgroups)),
             duration=90,
             profile=Profile(stall_threshold_ns=stall_threshold_ns),
         ).run()
@@ -440,6 +441,59 @@ def test_oom_without_oom_context_walks_to_the_limit(
         outer_path,
         40 * MiB,
     )
+
+
+# Holds 40 MiB under its own name, says so, and waits to be killed.
+BIG = """
+import time
+open("/proc/self/comm", "w").write("bigholder")
+chunks = [b"x" * (1 << 20) for _ in range(40)]
+print("held", flush=True)
+time.sleep(120)
+"""
+# Allocates 30 MiB, then exits 0.
+SMALL = "chunks = [b'x' * (1 << 20) for _ in range(30)]\n"
+
+
+@pytest.mark.parametrize("variant", list(RUNGS))
+def test_a_victim_another_tasks_allocation_chose_is_named_by_its_task(
+    variant: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    parent: str,
+    cg_layout: CgroupLayout,
+    attached: dict[str, hooks.Attached],
+) -> None:
+    """The classic mark_victim record has the victim's tid alone. A process that entered the
+    watched cgroup by migration (as runc moves a container's init in) is not among the
+    watched pids; when another task's allocation makes the OOM killer choose it, the record
+    must still name it, its comm and its cgroup: from oom_control's chosen task (kernel-side
+    review §10)."""
+    need_rung(attached, variant, "oom_context", variant)
+    with ChildCgroup(parent, f"wr-lab-chosen-{variant}", 56 * MiB, layout=cg_layout) as cg:
+        big = subprocess.Popen(
+            in_cgroup(cg, sys.executable, "-c", BIG), stdout=subprocess.PIPE, text=True
+        )
+        try:
+            assert big.stdout is not None and big.stdout.readline().strip() == "held"
+            res, events = record(
+                tmp_path,
+                monkeypatch,
+                in_cgroup(cg, sys.executable, "-c", SMALL),
+                disabled=(*RUNGS[variant], *OOM_BTF_PROGRAMS),
+                cgroups=(cg.path,),
+            )
+        finally:
+            big.kill()
+            code = big.wait()
+        cid = cg.cgroup_id
+    assert code == -signal.SIGKILL
+    assert res.header.hooks["oom"] == "tracepoint"
+    [oom] = ooms(events)
+    assert oom.victim_pid == big.pid and oom.trigger_pid != big.pid
+    assert (oom.victim_comm, oom.victim_cgroup_id, oom.memcg) == ("bigholder", cid, True)
+    [kmsg] = kmsg_ooms(events)
+    assert kmsg.victim_pid == big.pid
 
 
 # 1 GiB at most: more than the VM has left beside the holder below, and it ends once the

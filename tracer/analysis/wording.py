@@ -82,6 +82,7 @@ def bpf_oom(bpf: OomKill, limit_path: str | None) -> str:
     return (
         f"[{bpf.rung}] OOM killer chose pid {bpf.victim_pid}, "
         f"{'memcg' if bpf.memcg else _NODES.get(bpf.constraint, 'global')}{where}"
+        + (" at its memory+swap limit (memory.memsw.limit_in_bytes)" if bpf.memsw else "")
         + (" (already exiting: marked, not killed)" if bpf.exiting else "")
     )
 

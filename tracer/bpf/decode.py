@@ -140,6 +140,7 @@ class Decoder:
             rung=layout.RUNG_NAMES.get(rung, str(rung)),
             constraint=layout.OOM_CONSTRAINTS.get(constraint, ""),
             exiting=bool(flags & layout.OOM_EXITING),
+            memsw=bool(flags & layout.OOM_MEMSW),
         )
 
     @staticmethod

@@ -26,6 +26,7 @@ RUNG_NAMES = {1: "fentry", 2: "kprobe", 3: "tp_btf", 4: "tracepoint"}
 # wr_oom.constraint (enum wr_oom_constraint): the kernel's oom_constraint, "" where not read
 OOM_CONSTRAINTS = {0: "", 1: "none", 2: "cpuset", 3: "mempolicy", 4: "memcg"}
 OOM_EXITING = 1  # wr_oom.flags: the victim was already exiting by itself (marked, not killed)
+OOM_MEMSW = 2  # wr_oom.flags: limit and usage are the memory+swap counter's (v1 memsw)
 
 u16, u32, s32, u64 = ctypes.c_uint16, ctypes.c_uint32, ctypes.c_int32, ctypes.c_uint64
 

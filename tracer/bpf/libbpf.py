@@ -88,6 +88,12 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "bpf_program__attach_perf_event": (c_void_p, [c_void_p, c_int]),
     "bpf_link__destroy": (c_int, [c_void_p]),
     "bpf_map__fd": (c_int, [c_void_p]),
+    "bpf_object__next_map": (c_void_p, [c_void_p, c_void_p]),
+    "bpf_map__name": (c_char_p, [c_void_p]),
+    "bpf_map__type": (c_int, [c_void_p]),
+    "bpf_map__max_entries": (ctypes.c_uint32, [c_void_p]),
+    "bpf_map__set_max_entries": (c_int, [c_void_p, ctypes.c_uint32]),
+    "bpf_map__pin_path": (c_char_p, [c_void_p]),
     "bpf_map__reuse_fd": (c_int, [c_void_p, c_int]),
     "bpf_map__set_pin_path": (c_int, [c_void_p, c_char_p]),
     "bpf_map__initial_value": (c_void_p, [c_void_p, ctypes.POINTER(c_size_t)]),
@@ -394,10 +400,31 @@ def attach_kretprobe_maxactive(prog: Program, function: str, tracefs: str) -> Li
     return Link(link, on_destroy=remove)
 
 
+# include/uapi/linux/bpf.h enum bpf_map_type
+BPF_MAP_TYPE_LRU_HASH = 9
+# A common LRU hands each CPU its free nodes in batches of LOCAL_FREE_TARGET (128,
+# kernel/bpf/bpf_lru_list.c): with fewer than that per possible CPU, a CPU that finds the
+# global free list short shrinks it by evicting *live* entries, long before the map is full
+# (kernel-side review §12: on a 128-CPU host every map of ours was that small). Upstream's
+# "bpf: adjust free target to avoid global starvation of LRU map" (2025) helps newer kernels
+# only; twice the batch per CPU keeps a map from starving on every kernel.
+LRU_ENTRIES_PER_CPU = 256
+
+
+def lru_entries(declared: int, possible_cpus: int) -> int:
+    """The size an LRU map is created with: what the object declares, or enough for every
+    possible CPU's batches where that is more."""
+    return max(declared, LRU_ENTRIES_PER_CPU * possible_cpus)
+
+
 class Map:
     def __init__(self, ptr: int, name: str) -> None:
         self.ptr = ptr
         self.name = name
+
+    @property
+    def max_entries(self) -> int:
+        return int(lib().dll.bpf_map__max_entries(self.ptr))
 
     @property
     def fd(self) -> int:
@@ -537,7 +564,39 @@ class BpfObject:
             raise BpfError(f"finding map {name} in {self.path}", errno.ENOENT)
         return Map(ptr, name)
 
+    def maps(self) -> Iterator[Map]:
+        d = lib().dll
+        ptr = None
+        while True:
+            ptr = d.bpf_object__next_map(self.ptr, ptr)
+            if not ptr:
+                return
+            yield Map(ptr, (d.bpf_map__name(ptr) or b"").decode())
+
+    def size_lru_maps(self) -> dict[str, int]:
+        """Before load: grow each LRU map to ``lru_entries`` for this host's possible CPUs. A
+        pinned map is left as declared: it is shared with other recorders, and libbpf reuses a
+        pinned map only where the sizes match. The maps grown, with their new sizes."""
+        d = lib().dll
+        ncpu = d.libbpf_num_possible_cpus()
+        if ncpu <= 0:
+            raise BpfError("counting possible CPUs", -ncpu or errno.EINVAL)
+        grown: dict[str, int] = {}
+        for m in self.maps():
+            if d.bpf_map__type(m.ptr) != BPF_MAP_TYPE_LRU_HASH or d.bpf_map__pin_path(m.ptr):
+                continue
+            declared = int(d.bpf_map__max_entries(m.ptr))
+            want = lru_entries(declared, ncpu)
+            if want != declared:
+                rc = d.bpf_map__set_max_entries(m.ptr, want)
+                if rc < 0:
+                    raise BpfError(f"sizing map {m.name}", -rc)
+                grown[m.name] = want
+        return grown
+
     def load(self) -> None:
+        """Load the object, its LRU maps sized for this host first (``size_lru_maps``)."""
+        self.size_lru_maps()
         lib().take_log()
         rc = lib().dll.bpf_object__load(self.ptr)
         if rc < 0:
