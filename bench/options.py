@@ -88,6 +88,7 @@ class Options:
     agent_noisy: float = 20.0
     agent_goroutines: int = 64
     agent_noisy_failures: int = 10
+    agent_containers: int = 200
     llm_requests: int = 16
     llm_tokens: int = 32
     llm_threads: int = 1
@@ -144,6 +145,10 @@ SECTION_OPTIONS: tuple[tuple[str, str], ...] = (
     ),
     ("agent_noisy", "agent: length of the phase beside a busy Go program and a profiler, s (20)"),
     ("agent_goroutines", "agent: spinning goroutines of that Go program (64)"),
+    (
+        "agent_containers",
+        "agent: podman starts of an image carrying a libcuda, for the agent's fds (200; 0: none)",
+    ),
     (
         "agent_noisy_failures",
         "agent: OOM kills and fatal-signal deaths paced over that phase, half each (10)",

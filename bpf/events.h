@@ -28,6 +28,8 @@ enum wr_stall_kind {
 	WR_STALL_MEMCG = 1,
 	WR_STALL_DIRECT = 2,
 	WR_STALL_HIGH = 3,
+	/* memcg reclaim done by a task outside the memcg (memory.reclaim, limit writes) */
+	WR_STALL_EXTERNAL = 4,
 };
 
 /* Which program produced a record: the rung of its hook's fallback ladder. */

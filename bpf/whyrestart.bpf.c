@@ -1186,6 +1186,25 @@ static __always_inline void bump_counter(__u32 idx)
 		__sync_fetch_and_add(n, 1);
 }
 
+/* Is memcg the task's own memory cgroup or one of its ancestors? A task reclaiming a memcg
+ * outside that line reclaims on another cgroup's behalf: a write of memory.reclaim,
+ * memory.high or memory.max (kubelet's MemoryQoS, senpai/TMO, an operator), or v1's
+ * memory.force_empty, reclaims synchronously in the writer. */
+static __always_inline bool memcg_contains(struct mem_cgroup *memcg, struct task_struct *task)
+{
+	struct mem_cgroup *m = task_memcg(task);
+	__u64 off = bpf_core_field_offset(struct mem_cgroup, css);
+
+	for (int i = 0; i < MAX_CGROUP_DEPTH && m; i++) {
+		if (m == memcg)
+			return true;
+		struct cgroup_subsys_state *parent = BPF_CORE_READ(m, css.parent);
+
+		m = parent ? (struct mem_cgroup *)((__u64)parent - off) : NULL;
+	}
+	return false;
+}
+
 static __always_inline int stall_begin(__u32 kind, struct mem_cgroup *memcg, __u16 rung)
 {
 	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
@@ -1217,6 +1236,10 @@ static __always_inline int stall_begin(__u32 kind, struct mem_cgroup *memcg, __u
 	st.rung = rung;
 	if (memcg) {
 		st.memcg_id = memcg_id(memcg);
+		/* Not the cgroup's own stall: nothing in it waited (kernel-side review §17). Its
+		 * own kind, so it never counts as the stall before an OOM. */
+		if (kind == WR_STALL_MEMCG && !memcg_contains(memcg, task))
+			st.kind = WR_STALL_EXTERNAL;
 	} else if (kind != WR_STALL_DIRECT) {
 		struct limited lim;
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import shutil
 import subprocess
 import threading
 import time
@@ -110,29 +109,6 @@ PODMAN_STARTS = 5
 PROGRAM = "wrguard-prog"  # its comm tells its records from any other process's on the host
 
 
-def _rootfs(root: Path, tmp_path: Path) -> None:
-    """A rootfs with the stand-in in /cuda and a program linked against it, with the C
-    library it needs copied from the host (no registry is reachable from here)."""
-    lib = root / "cuda"
-    lib.mkdir(parents=True)
-    build.libcuda(lib)
-    program = build.fast(tmp_path, lib)
-    shutil.copy(program, root / PROGRAM)
-    ldd = subprocess.run(
-        ["ldd", str(program)],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={**os.environ, "LD_LIBRARY_PATH": str(lib)},
-    )
-    for line in ldd.stdout.splitlines():
-        path = line.split("=>")[-1].split("(")[0].strip()
-        if path.startswith("/") and "libcuda" not in path:
-            dest = root / path.lstrip("/")
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(path, dest)
-
-
 def test_container_starts_of_an_image_with_libcuda_cost_no_descriptor_and_one_record_each(
     tmp_path: Path,
 ) -> None:
@@ -141,7 +117,9 @@ def test_container_starts_of_an_image_with_libcuda_cost_no_descriptor_and_one_re
     image = f"localhost/guard-cuda-{uuid.uuid4().hex[:8]}"
     root = tmp_path / "rootfs"
     root.mkdir()
-    with podmanimg.busybox_image(root, image, ("sh",), prepare=lambda: _rootfs(root, tmp_path)):
+    with podmanimg.busybox_image(
+        root, image, ("sh",), prepare=lambda: build.cuda_rootfs(root, tmp_path, PROGRAM)
+    ):
         side = GpuSide(filter_all=True, memcg_v1=True, attach_host=False)
         events: list[Event] = []
         stop = threading.Event()

@@ -51,6 +51,7 @@ from bench.procs import (
 from bench.records import Section
 from bench.report import method_lines, rss_growth
 from bench.runner import Context, start_tool, stop_tool
+from bench.sections import agent_containers
 from bench.tools import Exitsnoop, Whyrestart
 from bench.workloads import (
     StormWork,
@@ -550,6 +551,13 @@ def _agent_phase(opts: Options, tmp: Path) -> Result:
         res["latency"] = _latency(opts, agent)
         say(f"agent: beside a busy Go program and a 100 Hz profiler, {opts.agent_noisy:g} s")
         res["noisy"] = _noisy(opts, d, agent)
+        if opts.agent_containers:
+            say(f"agent: {opts.agent_containers} container starts of an image with a libcuda")
+            try:  # (not _guard: its kill_all would end the agent too)
+                res["containers"] = agent_containers.run(opts.agent_containers, d, agent.proc.pid)
+            except Exception as exc:
+                say(f"agent section, containers: FAILED {exc!r}"[:300])
+                res["containers"] = {"starts": opts.agent_containers, "error": repr(exc)}
         say(f"agent: RSS soak, {opts.agent_soak:g} s")
         res["soak"] = _soak(opts, d, agent)
         res["vmhwm_kb"] = proc_status_kb(agent.proc.pid, "VmHWM")
@@ -560,6 +568,8 @@ def _agent_phase(opts: Options, tmp: Path) -> Result:
         _count_storm(agent.state, res["storm"])
     if "fatal_pids" in res.get("noisy", {}):
         _count_noisy(agent.state, res["noisy"])
+    if "fds_last" in res.get("containers", {}):
+        agent_containers.count(agent.state, res["containers"])
     return res
 
 
@@ -731,6 +741,15 @@ def _report(opts: Options, bare: Result, snoop: Result, agent: Result, load: Res
             f"| {_yes(p['p99'] is not None and p['p99'] <= 1.0 and not lat['missing'])} |"
         )
     out += _noisy_table(opts, agent.get("noisy", {}), agent.get("idle_cpu_pct"))
+    if "containers" in agent:
+        out += [
+            "",
+            "## Agent: container starts of an image carrying a libcuda",
+            "",
+            "| phase | measured | exitsnoop | target |",
+            "|---|---|---|---|",
+            agent_containers.row(agent["containers"]),
+        ]
     so = agent.get("soak", {})
     out += [
         "",

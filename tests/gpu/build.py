@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -76,7 +77,7 @@ def why_no_real_libcuda() -> str:
 def cudart_dir() -> Path | None:
     """lib/ of PyPI's nvidia-cuda-runtime-cu12 (the dev extra), holding libcudart.so.12."""
     try:
-        import nvidia.cuda_runtime  # type: ignore[import-not-found,unused-ignore]
+        import nvidia.cuda_runtime  # type: ignore[import-not-found,import-untyped,unused-ignore]
     except ImportError:
         return None
     for base in nvidia.cuda_runtime.__path__:
@@ -98,3 +99,27 @@ def runtime_api(out: Path, cudart: Path) -> Path:
     src = str(HERE / "runtime_api.c")
     _build(["-O1", "-o", str(path), src, "-L", str(cudart), "-l:libcudart.so.12"])
     return path
+
+
+def cuda_rootfs(root: Path, tmp: Path, program_name: str) -> None:
+    """A container rootfs with the stand-in in /cuda and ``fast`` (linked against it) as
+    /``program_name``, with the C library it needs copied from the host (no registry is
+    reachable from here)."""
+    lib = root / "cuda"
+    lib.mkdir(parents=True)
+    libcuda(lib)
+    program = fast(tmp, lib)
+    shutil.copy(program, root / program_name)
+    ldd = subprocess.run(
+        ["ldd", str(program)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "LD_LIBRARY_PATH": str(lib)},
+    )
+    for line in ldd.stdout.splitlines():
+        path = line.split("=>")[-1].split("(")[0].strip()
+        if path.startswith("/") and "libcuda" not in path:
+            dest = root / path.lstrip("/")
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(path, dest)

@@ -671,6 +671,44 @@ def test_memcg_reclaim_names_the_memcg_being_reclaimed(
 
 
 @pytest.mark.parametrize("variant", list(RUNGS))
+def test_reclaim_asked_for_from_outside_is_not_the_cgroups_stall(
+    variant: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    parent: str,
+    cg_layout: CgroupLayout,
+    attached: dict[str, hooks.Attached],
+) -> None:
+    """A write of memory.reclaim reclaims in the writer, which is not in the cgroup (kubelet's
+    MemoryQoS, senpai): its passes are "external", never the cgroup's own "memcg" stall that
+    an OOM verdict cites (kernel-side review §17). The cgroup's memory.current dropping is the
+    kernel's own word that the reclaim happened."""
+    need_rung(attached, variant, "memcg_reclaim", variant)
+    data = tmp_path / "data"
+    data.write_bytes(os.urandom(48 * MiB))
+    with ChildCgroup(parent, f"wr-lab-external-{variant}", None, layout=cg_layout) as target:
+        # its page cache, charged to the cgroup that read it
+        subprocess.run(in_cgroup(target, "cat", str(data)), stdout=subprocess.DEVNULL, check=True)
+        current = Path(target.abs_path, "memory.current")
+        before = int(current.read_text())
+        res, events = record(
+            tmp_path,
+            monkeypatch,
+            ["sh", "-c", f"echo 32M > {target.abs_path}/memory.reclaim"],
+            disabled=RUNGS[variant],
+            stall_threshold_ns=0,
+        )
+        after = int(current.read_text())
+        target_id = target.cgroup_id
+    assert res.header.hooks["memcg_reclaim"] == variant
+    assert before - after >= 16 * MiB, (before, after)
+    external = stalls(events, "external")
+    assert external and {s.cgroup_id for s in external} == {target_id}
+    assert [s for s in stalls(events, "memcg") if s.cgroup_id == target_id] == []
+    assert {s.cgroup_id for s in summaries(events, "external")} == {target_id}
+
+
+@pytest.mark.parametrize("variant", list(RUNGS))
 def test_memory_high_throttling_has_durations(
     variant: str,
     tmp_path: Path,

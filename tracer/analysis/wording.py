@@ -331,6 +331,8 @@ _STALL_WORDS = {
     "memcg": "reclaim",
     "direct": "host direct reclaim",
     "high": "memory.high throttling",
+    # not the cgroup's own stall (quantities.STALL_KINDS leaves it out)
+    "external": "reclaim by a task outside the cgroup (memory.reclaim or a limit write)",
 }
 
 

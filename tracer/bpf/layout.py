@@ -19,7 +19,7 @@ CGROUP_PATH_LEN = 256
 SIGF_SENDER_EXITING = 1  # WR_SIGF_SENDER_EXITING: wr_signal.flags
 SIG_SLOTS = 65  # WR_SIG_SLOTS: signals_unsent's slots (signal numbers 1..64; 0: out of range)
 
-STALL_KINDS = {1: "memcg", 2: "direct", 3: "high"}
+STALL_KINDS = {1: "memcg", 2: "direct", 3: "high", 4: "external"}
 
 RUNG_NAMES = {1: "fentry", 2: "kprobe", 3: "tp_btf", 4: "tracepoint"}
 
