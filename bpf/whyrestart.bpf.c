@@ -327,10 +327,18 @@ struct {
  *   a compiler's children) happens below them, where the parent is no supervisor. */
 static __always_inline bool is_supervisor(struct task_struct *task)
 {
+	/* pm2's daemon renames itself "PM2 v5.3.1: God Daemon (...)" (its comm: the first 15
+	 * characters): matched by prefix (tracer/analysis/senders.py PM2_TITLE) */
+	static const char pm2[] = "PM2 v";
 	char comm[16] = {}; /* (zero-padded: the whole key is compared) */
 
 	BPF_CORE_READ_STR_INTO(&comm, task, comm);
-	return bpf_map_lookup_elem(&supervisor_comms, comm) != NULL;
+	if (bpf_map_lookup_elem(&supervisor_comms, comm))
+		return true;
+	for (int i = 0; i < sizeof(pm2) - 1; i++)
+		if (comm[i] != pm2[i])
+			return false;
+	return true;
 }
 
 static __always_inline bool starts_unit(struct task_struct *task)

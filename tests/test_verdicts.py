@@ -838,6 +838,23 @@ def test_supervisord_programs_are_units_and_their_restarts_link() -> None:
     ]
 
 
+def test_pm2s_daemon_renamed_after_its_exec_still_makes_its_programs_units() -> None:
+    """pm2's daemon execs as node, then renames itself "PM2 v5.3.1: God Daemon (...)" (its
+    comm: "PM2 v5.3.1: God"): its programs are units "app under pm2", and a rerun a restart."""
+    a = Analyzer()
+    events: list[Event] = [
+        execd(0.0, 10, 10, "node"),
+        forked(0.5, 10, 11, 10, "PM2 v5.3.1: God"),
+        execd(0.5, 11, 10, "app"),
+        exit_code(1.0, 11, 1, comm="app", cg=10, ppid=10),
+        forked(1.2, 10, 12, 10, "PM2 v5.3.1: God"),
+        execd(1.2, 12, 10, "app"),
+    ]
+    [v] = a.feed_all(events)
+    assert (v.unit, v.main, v.cause) == ("app under pm2", True, "app_exit")
+    assert [(r.unit, r.old_pid, r.new_pid) for r in a.restarts] == [("app under pm2", 11, 12)]
+
+
 def test_a_program_of_supervisord_as_a_containers_init_is_its_own_unit() -> None:
     """Issue 31 item 7: supervisord as PID 1 of a podman container (the s6-overlay, runit, pm2
     pattern) runs its program in the container's cgroup, as the agent sees it (a fork record

@@ -20,7 +20,12 @@ import msgspec
 from tracer.analysis import units
 from tracer.analysis.evidence import MAX_PIDS, Evidence
 from tracer.analysis.findings import Restart, Verdict
-from tracer.analysis.senders import IS_PLUMBING, SELF_EXE, SUPERVISOR_COMMS
+from tracer.analysis.senders import (
+    IS_PLUMBING,
+    PM2_TITLE,
+    SELF_EXE,
+    process_supervisor,
+)
 from tracer.analysis.units import CONTAINER_KINDS, UNSET, UnitName, unit_of_cgroup
 from tracer.analysis.wording import carried_memory
 from tracer.events import Exec, Exit, Fork
@@ -102,6 +107,10 @@ class ProcessTable:
             procs.move_to_end(ppid)
             if not parent.comm:
                 parent.comm, parent.cgroup_id = ev.comm, ev.cgroup_id
+            elif ev.comm != parent.comm and ev.comm.startswith(PM2_TITLE):
+                # renamed since its exec (pm2's daemon sets its title after it starts): the
+                # name its children are started under
+                parent.comm = ev.comm
         child = ev.child_pid
         procs.pop(child, None)
         procs[child] = Proc(child, ev.comm, ppid, ev.cgroup_id, ev.ts)
@@ -224,9 +233,10 @@ class ProcessTable:
         PID 1 the supervisor is (s6-overlay, supervisord, runit, pm2 images: the program shares
         the container's cgroup)."""
         parent = self.procs.get(proc.ppid)  # (at every exec: a lookup and a set lookup)
-        if parent is None or parent.comm not in SUPERVISOR_COMMS or not proc.filename:
+        if parent is None or not proc.filename:
             return None
-        return units.supervised(parent.comm, parent.pid, proc.filename)
+        name = process_supervisor(parent.comm)
+        return None if name is None else units.supervised(name, parent.pid, proc.filename)
 
     def find_unit(self, proc: Proc, depth: int = 0) -> UnitName | None:
         """A program under a process supervisor; else a container or systemd unit by cgroup;

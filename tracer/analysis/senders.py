@@ -178,8 +178,17 @@ def fatal_signal(signals: list[Signal]) -> Signal | None:
 PROCESS_SUPERVISORS = ("supervisord", "s6-supervise", "runsv", "circusd", "pm2")
 
 
-def is_process_supervisor(comm: str) -> bool:
-    return comm in SUPERVISOR_COMMS
+# pm2's daemon renames itself (process.title, which libuv makes its comm too):
+# "PM2 v5.3.1: God Daemon (/root/.pm2)", truncated to "PM2 v5.3.1: God". The BPF filter
+# matches the same prefix (whyrestart.bpf.c is_supervisor).
+PM2_TITLE = "PM2 v"
+
+
+def process_supervisor(comm: str) -> str | None:
+    """The supervisor a process of this comm is (its usual name), or None."""
+    if comm in SUPERVISOR_COMMS:
+        return comm
+    return "pm2" if comm.startswith(PM2_TITLE) else None
 
 
 # (the process table asks at every exec: one set lookup)
