@@ -59,6 +59,14 @@ _PROBE_OPTIONS = [
         help="http://HOST:PORT/PATH, tcp://HOST:PORT or exec:CMD.",
     ),
     click.option(
+        "--probe-data",
+        default=None,
+        metavar="BODY",
+        help="POST this body with the http probe (JSON is sent as application/json), so the "
+        'probe does real work, e.g. \'{"prompt": "Hi", "n_predict": 1}\'. A run '
+        "whose probes fail without a kill is degraded, not survived.",
+    ),
+    click.option(
         "--probe-interval",
         type=Checked("duration", values.parse_duration),
         default=None,

@@ -16,7 +16,17 @@ from typing import TYPE_CHECKING, Any
 from tracer.analysis.quantities import fmt_bytes, stall_total_ns
 from tracer.errors import UsageError
 from tracer.repro.compare import Comparison
-from tracer.repro.judge import ERROR, FAILED, KILLED, SURVIVED, RunResult, deciding_verdict, judge
+from tracer.repro.judge import (
+    DEGRADED,
+    ERROR,
+    FAILED,
+    KILLED,
+    SURVIVED,
+    RunResult,
+    deciding_verdict,
+    degradation,
+    judge,
+)
 from tracer.repro.liveness import Liveness
 from tracer.repro.plan import MEMORY_HIGH, MEMORY_MAX, OPTION, PROBE_TIMEOUT, Plan, Setting
 
@@ -202,7 +212,9 @@ class Experiment:
         cgroup_id: int,
         live: Liveness | None,
     ) -> None:
-        from tracer.events import CgroupSample, ProbeSample, ReclaimSummary
+        from tracer.analysis.analyzer import Analyzer
+        from tracer.events import CgroupSample, Exec, Exit, ProbeSample, ReclaimSummary
+        from tracer.pipeline.record import DURATION_REACHED
         from tracer.trace.reader import TraceReader
 
         result.exit_status = rec.command_status
@@ -211,8 +223,13 @@ class Experiment:
         peak_seen: int | None = None
         trace_probes: list[ProbeSample] = []
         summaries: list[ReclaimSummary] = []
+        command_pid: int | None = None  # the first exec is the command's (sh, then exec)
+        command_exit: int | None = None
         with TraceReader(result.trace) as reader:
+            # the thrash the run's trace shows, as replay --tail shows it: the one analyzer
+            analyzer = Analyzer.from_header(reader.header.targets)
             for ev in reader:
+                analyzer.feed(ev)
                 end = max(end, ev.ts)
                 if isinstance(ev, ReclaimSummary) and ev.cgroup_id == cgroup_id:
                     summaries.append(ev)
@@ -220,11 +237,24 @@ class Experiment:
                     for v in (ev.usage_bytes, ev.peak_bytes):
                         if v is not None and (peak_seen is None or v > peak_seen):
                             peak_seen = v
+                    t = analyzer.thrash(cgroup_id)
+                    if t is not None and (result.thrash is None or t.rate > result.thrash.rate):
+                        result.thrash = t
                 elif isinstance(ev, ProbeSample):
                     trace_probes.append(ev)
+                elif isinstance(ev, Exec) and command_pid is None:
+                    command_pid = ev.pid
+                elif isinstance(ev, Exit) and ev.pid == command_pid and command_exit is None:
+                    command_exit = ev.ts
             footer = reader.footer
         if footer is not None:
             end = max(end, footer.ended_ns)
+        # the workload's own end: it exited, or --duration told it to stop
+        work_end = min(
+            end,
+            command_exit if command_exit is not None else end,
+            start + int(self.plan.duration_s * 1e9) if self.plan.duration_s else end,
+        )
         result.stall_ns = stall_total_ns(summaries, start, end)
         result.duration_s = (end - start) / 1e9
         if result.peak_bytes is None:
@@ -242,9 +272,20 @@ class Experiment:
             result.error = f"interrupted by {signal.Signals(rec.stop_signal).name}"
             result.verdict = deciding_verdict(rec.verdicts)
             return
-        result.outcome, result.verdict = judge(
-            rec.verdicts, rec.command_status, result.liveness_kill
+        # a memory setting that left the workload serving badly did not let it survive; a
+        # varied probe timeout is judged by its liveness kills alone, as a kubelet's would be
+        degraded = (
+            degradation(trace_probes, work_end, result.thrash)
+            if self.plan.kind != PROBE_TIMEOUT
+            else None
         )
+        # the end of --duration is our own SIGTERM to the workload, not a kill
+        stopped_by = os.getpid() if rec.reason.startswith(DURATION_REACHED) else None
+        result.outcome, result.verdict = judge(
+            rec.verdicts, rec.command_status, result.liveness_kill, degraded, stopped_by
+        )
+        if result.outcome == DEGRADED:
+            result.degraded = degraded
         if result.outcome == KILLED and result.verdict is not None:
             result.time_to_kill_s = round((result.verdict.ts - start) / 1e9, 3)
 
@@ -256,6 +297,8 @@ class Experiment:
             return f"killed ({v.cause if v else '?'}) after {r.time_to_kill_s} s{peak}"
         if r.outcome == SURVIVED:
             return f"survived{peak}"
+        if r.outcome == DEGRADED and r.degraded is not None:
+            return f"degraded: {'; '.join(r.degraded.reasons())}{peak}"
         if r.outcome == FAILED:
             return f"failed (exit status {r.exit_status}){peak}"
         return r.error or "error"
