@@ -17,7 +17,9 @@ workload, and the recorder watches it from its first exec (the idiom of the root
 cgroup always has a memory limit: the varied one, or ``--memory-max``, or a safety cap of 80% of
 the host's available memory, so a run can never push the host into a global OOM. When the run
 ends (the command exited, ``--duration`` passed, or a liveness kill), whatever is left in the
-cgroup is killed and the cgroup removed.
+cgroup is killed, the page cache it holds is reclaimed (a page stays charged to the cgroup that
+read it: the next run would find the files cached and be charged nothing for them) and the
+cgroup removed.
 
 Probes: with ``--probe`` a probe runs beside each run (``tracer.sources.probes.Prober``). Like a
 kubelet liveness probe, ``--probe-failures`` consecutive failures (default 3; 0 turns it off)

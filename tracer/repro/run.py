@@ -84,6 +84,7 @@ class Experiment:
         self.plan = plan
         self.progress = progress
         self._layout = layout
+        self.warnings: list[str] = []  # what a run's teardown could not do
 
     def run(self) -> Comparison:
         from tracer.pipeline.record import preflight
@@ -137,6 +138,7 @@ class Experiment:
         if stopped:
             comparison.interrupted = True
             comparison.stop_signal = stopped[0]
+        comparison.warnings += self.warnings
         comparison.check_monotonic()
         return comparison
 
@@ -175,7 +177,9 @@ class Experiment:
         self.progress(f"repro: run {n}/{total}: {what} ... recording to {trace}")
         name = f"whyrestart-repro-{os.getpid()}-{n}"
         live: Liveness | None = None
-        with ChildCgroup(parent, name, limit, high_bytes=high, layout=layout) as cg:
+        # drop_cache: each run reads its files itself, not finding the last run's page cache
+        cg = ChildCgroup(parent, name, limit, high_bytes=high, layout=layout, drop_cache=True)
+        with cg:
             procs = cg.procs_file
             if plan.probe is not None:
                 timeout = setting.value if plan.kind == PROBE_TIMEOUT else plan.probe_timeout_s
@@ -201,6 +205,11 @@ class Experiment:
                     live.stop()
             result.peak_bytes = cg.peak()
             cgroup_id = cg.cgroup_id
+        if cg.drop_error is not None:
+            self.warnings.append(
+                f"run {n}: its page cache could not be dropped ({cg.drop_error}): the next run "
+                "may find its files already cached, charged to this run's cgroup"
+            )
         self._fill(result, rec_result, cgroup_id, live)
         self.progress(f"repro: run {n}/{total}: {what} -> {self._describe(result)}")
         return result
