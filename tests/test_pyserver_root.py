@@ -8,8 +8,9 @@ restart of the unit (the k8s#104454 class). (b) A master that gives up when a wo
 (vllm#45626 "Failed core proc(s)") exits 1: its verdict passes the worker's OOM kill on, with
 the gap. (c) Under `--restart on-failure:3` podman restarts the container after each: `record`
 names each restart's cause, and `history --restarts` on the always-on agent's state summarises
-the crash loop, both as many restarts as podman counted. The oracles are not the tool's: the server's own HTTP answers, the kernel log's OOM
-line (dmesg), the cgroup's failcnt and OOM-kill counter."""
+the crash loop, both as many restarts as podman counted. The oracles are not the tool's: the
+server's own HTTP answers, the kernel log's OOM line (dmesg), the cgroup's failcnt and OOM-kill
+counter, podman's RestartCount."""
 
 from __future__ import annotations
 
