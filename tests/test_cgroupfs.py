@@ -10,6 +10,7 @@ one is limited and holds only ``sleep``, so nothing comes near exhausting memory
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import time
 import uuid
@@ -875,3 +876,44 @@ def test_root_self_is_moved_home_not_killed(system: tuple[CgroupLayout, str]) ->
         path = child.abs_path
     assert own_memory_cgroup(layout=layout) == own
     assert not os.path.exists(path)
+
+
+def _cached_bytes(path: Path) -> int:
+    """How much of the file is in the page cache (util-linux's fincore: mincore(2))."""
+    out = subprocess.run(
+        ["fincore", "--bytes", "--noheadings", "--output", "RES", str(path)],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    return int(out.split()[0])
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("drop", [False, True])
+def test_root_child_drops_the_page_cache_it_read(
+    system: tuple[CgroupLayout, str], tmp_path: Path, drop: bool
+) -> None:
+    """A page stays charged to the cgroup that read it, even once that cgroup is gone: a file
+    read in one repro run would be found cached, charged to nobody new, by the next. With
+    ``drop_cache`` the child reclaims it before it is removed."""
+    layout, parent = system
+    if not shutil.which("fincore"):
+        pytest.skip("fincore (util-linux) is not installed")
+    data = tmp_path / "data"
+    data.write_bytes(os.urandom(16 * MiB))
+    fd = os.open(data, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    assert _cached_bytes(data) < MiB
+    child = ChildCgroup(parent, unique("drop"), 64 * MiB, layout=layout, drop_cache=drop)
+    with child:
+        subprocess.run(
+            ["sh", "-c", f'echo $$ > {child.procs_file} && exec cat "$1" > /dev/null', "sh", data],
+            check=True,
+        )
+        assert _cached_bytes(data) == 16 * MiB  # read in the child, cached
+    assert child.drop_error is None
+    left = _cached_bytes(data)
+    assert (left < MiB) if drop else (left == 16 * MiB), left

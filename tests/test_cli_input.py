@@ -114,7 +114,7 @@ OPTIONS: dict[str, dict[str, Any]] = {
     },
     "repro": {
         "--memory-max": SIZES, "--memory-high": SIZES, "--probe-timeout": SIZES | DURATIONS,
-        "--runs": INTS, "--probe": URLS, "--probe-interval": DURATIONS,
+        "--runs": INTS, "--probe": URLS, "--probe-data": TEXT, "--probe-interval": DURATIONS,
         "--probe-failures": INTS, "--probe-delay": DURATIONS, "--duration": DURATIONS,
         "--out-dir": OUTPUT_PATHS, "--parent-cgroup": CGROUPS,
     },
@@ -154,6 +154,8 @@ def _argv(command: str, option: str, value: str) -> list[str]:
         probe = (
             ["--probe", "tcp://127.0.0.1:9"]
             if option in ("--probe-interval", "--probe-delay", "--probe-timeout")
+            else ["--probe", "http://127.0.0.1:9/completion"]
+            if option == "--probe-data"
             else []
         )
         out = [] if option == "--out-dir" else ["--out-dir", fresh]

@@ -8,9 +8,14 @@ kills a server that is neither hung nor out of memory. The tool must name the th
 happens (``replay --tail`` shows what ``tail`` showed) and judge the kill a probe kill with the
 thrash as its reason.
 
+``repro --memory-max 160M,512M`` on the same server with a load must not call that limit
+"survived": 160M is degraded (thrash, probes doing real work failing, no kill) and 512M, which
+serves, is the smallest that survived (issue 29 item 5).
+
 The oracles are not the tool's: the supervisor's own log of what it saw and did, the server's
 /health answering 200 before the kill, and the cgroup's own memory.stat read by this test
-(workingset_refault_file rising by more than the cgroup's whole page cache, no OOM kill)."""
+(workingset_refault_file rising by more than the cgroup's whole page cache, no OOM kill); for
+repro, the loaded server's own log of its client's answers and its cgroup's counters."""
 
 from __future__ import annotations
 
@@ -195,3 +200,111 @@ def test_mapped_weights_over_the_limit_thrash_until_a_work_probe_kills_the_serve
     assert r.exit_code == 0, r.stderr
     lines = [ln for ln in r.stdout.splitlines() if "thrash " in ln]
     assert lines and "page cache re-read from disk" in lines[0], r.stdout[-3000:]
+
+
+# `repro`'s workload: the server with a load. It starts llama-server (argv[3:]) and, once
+# /health says 200, asks for 4 tokens every second with a burst of 2 at once every 8 s. Its log
+# (argv[2]) is the oracle the tool does not write: "healthy", the latency of each answer, and
+# every second its own memory cgroup's workingset_refault_file and OOM kills.
+LOADED_SERVER = """
+import json, subprocess, sys, threading, time, urllib.request
+base, log, server = sys.argv[1], open(sys.argv[2], "a", buffering=1), sys.argv[3:]
+child = subprocess.Popen(server, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+lines = open("/proc/self/cgroup").read().splitlines()
+v1 = [ln.split(":", 2)[2] for ln in lines if ":memory:" in ln]
+cg = f"/sys/fs/cgroup/memory{v1[0]}" if v1 else "/sys/fs/cgroup" + lines[0].split(":", 2)[2]
+def counters():
+    st = dict(ln.split() for ln in open(f"{cg}/memory.stat"))
+    refaults = st.get("total_workingset_refault_file", st.get("workingset_refault_file"))
+    events = f"{cg}/memory.oom_control" if v1 else f"{cg}/memory.events"
+    ev = dict(ln.split() for ln in open(events))
+    return f"refaults {refaults} oom_kill {ev['oom_kill']}"
+def ask():
+    body = json.dumps({"prompt": "Once upon a time", "n_predict": 4, "seed": 1}).encode()
+    t0 = time.monotonic()
+    try:
+        req = urllib.request.Request(base + "/completion", body, {"Content-Type": "x"})
+        urllib.request.urlopen(req, timeout=60).read()
+        log.write(f"latency {time.monotonic() - t0:.3f}\\n")
+    except Exception:
+        time.sleep(0.5)
+def healthy():
+    try:
+        return urllib.request.urlopen(base + "/health", timeout=1).status == 200
+    except Exception:
+        return False
+while child.poll() is None and not healthy():
+    time.sleep(0.2)
+log.write(f"healthy {counters()}\\n")
+def steady():
+    while True:
+        ask()
+        time.sleep(1)
+threading.Thread(target=steady, daemon=True).start()
+n = 0
+while child.poll() is None:
+    time.sleep(1)
+    n += 1
+    log.write(counters() + "\\n")
+    for _ in range(2 if n % 8 == 0 else 0):
+        threading.Thread(target=ask, daemon=True).start()
+sys.exit(child.wait())
+"""
+
+
+def test_repro_skips_a_limit_that_thrashes_for_the_smallest_that_serves(
+    tmp_path: Path, built: tuple[Path, Path], parent_cgroup: str
+) -> None:
+    """``repro --memory-max 512M,160M`` on the loaded server with a probe that does real work
+    (a one-token completion): under 160M nothing is killed and /health would be fast, but the
+    mapped model is re-read on every request, so 160M is degraded, not survived; 512M serves,
+    and is the answer. 512M first on purpose: a page stays charged to the cgroup that read it,
+    so unless repro drops each run's page cache the 160M run would find the whole model cached
+    (charged to the removed 512M cgroup) and "survive" at a peak of ~120 MiB."""
+    binary, shared = built
+    model = private_copy(shared, tmp_path)
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    (tmp_path / "loaded.py").write_text(LOADED_SERVER)
+    log = tmp_path / "load.log"
+    server = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
+              "-t", "2", "--no-warmup"]  # fmt: skip
+    r = CliRunner().invoke(
+        main,
+        ["repro", "--memory-max", "512M,160M", "--parent-cgroup", parent_cgroup,
+         "--probe", f"{base}/completion", "--probe-data", '{"prompt": "Hi", "n_predict": 1}',
+         "--probe-timeout", "10", "--probe-interval", "1", "--probe-failures", "0",
+         "--duration", "20", "--out-dir", str(tmp_path / "runs"), "--json", "--",
+         sys.executable, str(tmp_path / "loaded.py"), base, str(log), *server],
+    )  # fmt: skip
+    assert r.exit_code == 0, r.stderr[-3000:]
+    doc = json.loads(r.stdout)
+    large, small = doc["runs"]
+    # the workload's own log, one part per run: what its client saw and its cgroup counted
+    parts = [p.split() for p in log.read_text().split("healthy")[1:]][::-1]  # 160M's first
+    assert len(parts) == 2, log.read_text()
+
+    def figures(words: list[str], key: str) -> list[float]:
+        return [float(words[i + 1]) for i, w in enumerate(words) if w == key]
+
+    refaulted = [(f[-1] - f[0]) * 4096 for f in (figures(p, "refaults") for p in parts)]
+    answered = [figures(p, "latency") for p in parts]
+    assert [figures(p, "oom_kill")[-1] for p in parts] == [0, 0]  # nothing was killed
+    # under 160M the model was re-read from disk several times over; under 512M hardly at all
+    assert refaulted[0] > 2 * model.stat().st_size > 20 * refaulted[1], refaulted
+    # and the server answered its client less often and more slowly, if at all (the 2 CPUs
+    # are shared: 8 tokens took 0.7-9 s under 512M here, 14 s or no answer under 160M)
+    assert len(answered[1]) >= 2 and len(answered[0]) < len(answered[1]), answered
+    assert all(a > sorted(answered[1])[len(answered[1]) // 2] for a in answered[0]), answered
+    # the tool's word: 160M degraded by thrash, no kill; 512M survived and is the answer
+    assert (small["setting"], small["outcome"], small["liveness_kill"]) == (
+        "160M", "degraded", False
+    )  # fmt: skip
+    why = small["degraded"]
+    assert why["thrash"] is not None and why["thrash"]["refault_bytes_per_s"] >= 16 * MiB
+    assert any(w.startswith("page cache re-read from disk at") for w in why["reasons"]), why
+    assert (large["setting"], large["outcome"], large["degraded"]) == ("512M", "survived", None)
+    assert large["probes"] >= 10 and large["thrash"] is None
+    assert doc["smallest_surviving"]["setting"] == "512M"
+    assert doc["conclusion"]["kind"] == "smallest_survived"
+    assert doc["conclusion"]["text"].split(" that survived: ")[1].startswith("512M ")

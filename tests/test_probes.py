@@ -7,6 +7,7 @@ No timing assertions beyond "a server that sleeps 3x the timeout gives timed_out
 
 from __future__ import annotations
 
+import dataclasses
 import http.server
 import itertools
 import os
@@ -41,6 +42,7 @@ class _Server(http.server.ThreadingHTTPServer):
     mode = "ok"  # "ok", "slow", "500"
     delay_s = 0.0
     hits = 0
+    posted: tuple[tuple[str, bytes], ...] = ()  # (Content-Type, body) of each POST
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -59,6 +61,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.wfile.write(body)
         except OSError:
             pass  # the probe gave up and closed: expected in "slow" mode
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.server.posted += ((self.headers["Content-Type"], body),)
+        self.do_GET()
 
     def log_message(self, format: str, *args: object) -> None:
         pass
@@ -188,6 +195,19 @@ def test_http_ok(server: _Server) -> None:
     _check_shape(r)
     assert (r.ok, r.timed_out, r.status, r.error) == (True, False, 200, "")
     assert server.hits == 1
+
+
+def test_http_with_a_body_posts_it(server: _Server) -> None:
+    """repro's --probe-data: the probe asks for real work (a POST), JSON sent as JSON."""
+    spec = dataclasses.replace(parse_probe(_url(server, "/completion")), body=b'{"n": 1}')
+    r = run_probe(spec, timeout_s=5.0)
+    assert (r.ok, r.status) == (True, 200)
+    form = dataclasses.replace(spec, body=b"a=1")
+    assert run_probe(form, timeout_s=5.0).ok
+    assert server.posted == (
+        ("application/json", b'{"n": 1}'),
+        ("application/x-www-form-urlencoded", b"a=1"),
+    )
 
 
 def test_http_slow_times_out(server: _Server) -> None:

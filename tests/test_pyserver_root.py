@@ -6,8 +6,11 @@ with an http probe of its /health (issue 29 item 2).
 respawns it and keeps serving: the verdict is the worker's cgroup_oom, a child's death, not a
 restart of the unit (the k8s#104454 class). (b) A master that gives up when a worker dies
 (vllm#45626 "Failed core proc(s)") exits 1: its verdict passes the worker's OOM kill on, with
-the gap. The oracles are not the tool's: the server's own HTTP answers, the kernel log's OOM
-line (dmesg), the cgroup's failcnt and OOM-kill counter."""
+the gap. (c) Under `--restart on-failure:3` podman restarts the container after each: `record`
+names each restart's cause, and `history --restarts` on the always-on agent's state summarises
+the crash loop, both as many restarts as podman counted. The oracles are not the tool's: the
+server's own HTTP answers, the kernel log's OOM line (dmesg), the cgroup's failcnt and OOM-kill
+counter, podman's RestartCount."""
 
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -258,39 +262,56 @@ def restart_count(name: str) -> int:
     return int(podman("inspect", "-f", "{{.RestartCount}}", name).strip())
 
 
+@dataclass
+class CrashLoop:
+    """vllm#45626 under `--restart on-failure:3`: a container whose master exits 1 when a
+    worker dies; each overload OOM-kills a worker, so podman restarts the container."""
+
+    name: str
+    url: str
+    answers: list[int]
+
+    @classmethod
+    def create(cls, server_image: str, model: Path) -> CrashLoop:
+        name = f"pyserver-{os.getpid()}-{time.monotonic_ns() % 100000}"
+        port = free_port()
+        podman(
+            "create", "--name", name, "--network=host", "--memory=256m",
+            "--restart=on-failure:3", "-v", f"{model}:/model/weights.f32:ro",
+            "-e", f"PYMODEL_PORT={port}", "-e", "PYMODEL_WEIGHTS=/model/weights.f32",
+            "-e", "PYMODEL_WORKERS=2", "-e", "PYMODEL_EXIT_ON_WORKER_DEATH=1",
+            server_image,
+        )  # fmt: skip
+        return cls(name, f"http://127.0.0.1:{port}", [])
+
+    def overload_twice(self) -> None:
+        """Start it, overload it twice (each time until podman has restarted it), then wait
+        until the third run serves."""
+        podman("start", self.name)
+        for n in (1, 2):
+            wait_for(lambda: get(f"{self.url}/health", 1)[0] == 200, 60, "/health 200")
+            time.sleep(0.5)  # (both workers up)
+            self.answers.append(get(f"{self.url}/generate?mib={BIG_MIB}&tokens=4", 30)[0])
+            wait_for(lambda: restart_count(self.name) == n, 60, f"podman's restart {n}")  # noqa: B023
+        wait_for(lambda: get(f"{self.url}/health", 1)[0] == 200, 60, "/health 200 at last")
+
+    def remove(self) -> None:
+        podman("rm", "-f", "-t", "0", self.name, check=False)
+
+
 def test_restarts_after_worker_ooms_agree_with_podmans_restart_count(
     tmp_path: Path, server_image: str, model: Path
 ) -> None:
-    """vllm#45626 under `--restart on-failure:3`: each overload OOM-kills a worker, the master
-    exits 1, podman restarts the container. Twice: two restarts, each named the worker's
-    cgroup_oom, as many as podman's RestartCount."""
-    name = f"pyserver-{os.getpid()}-{time.monotonic_ns() % 100000}"
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    podman(
-        "create", "--name", name, "--network=host", "--memory=256m",
-        "--restart=on-failure:3", "-v", f"{model}:/model/weights.f32:ro",
-        "-e", f"PYMODEL_PORT={port}", "-e", "PYMODEL_WEIGHTS=/model/weights.f32",
-        "-e", "PYMODEL_WORKERS=2", "-e", "PYMODEL_EXIT_ON_WORKER_DEATH=1",
-        server_image,
-    )  # fmt: skip
-    answers: list[int] = []
-
-    def overload_twice() -> None:
-        podman("start", name)
-        for n in (1, 2):
-            wait_for(lambda: get(f"{url}/health", 1)[0] == 200, 60, "/health 200")
-            time.sleep(0.5)  # (both workers up)
-            answers.append(get(f"{url}/generate?mib={BIG_MIB}&tokens=4", 30)[0])
-            wait_for(lambda: restart_count(name) == n, 60, f"podman's restart {n}")  # noqa: B023
-        wait_for(lambda: get(f"{url}/health", 1)[0] == 200, 60, "/health 200 at last")
-
+    """`record` of the crash loop, twice: two restarts, each named the worker's cgroup_oom, as
+    many as podman's RestartCount."""
+    loop = CrashLoop.create(server_image, model)
+    name, url, answers = loop.name, loop.url, loop.answers
     probes = ProbeSetup([parse_probe(f"{url}/health")], 0.3, 0.5)
     try:
-        res = record_while(tmp_path, name, overload_twice, probes=probes)
+        res = record_while(tmp_path, name, loop.overload_twice, probes=probes)
         count = restart_count(name)
     finally:
-        podman("rm", "-f", "-t", "0", name, check=False)
+        loop.remove()
     assert answers == [0, 0] and count == 2
     unit = f"podman {name}"
     mains = [v for v in res.verdicts if v.main and v.unit == unit and v.exit_code == 1]
@@ -304,3 +325,52 @@ def test_restarts_after_worker_ooms_agree_with_podmans_restart_count(
     assert all(v.unit == unit for v in workers)
     assert [r.cause for r in res.restarts] == ["cgroup_oom", "cgroup_oom"]
     assert res.restart_counts == [(unit, 2, 2, "podman")]
+
+
+def test_history_summarises_the_crash_loop_the_agent_saw_as_podman_counted_it(
+    tmp_path: Path, server_image: str, model: Path
+) -> None:
+    """The same crash loop under the always-on agent (issue 30 §4): `history --restarts --unit
+    NAME --json` on its state dir gives as many restarts as podman's RestartCount, each run
+    before a restart ended by an OOM kill with its peak at the container's 256 MiB, and the
+    back-off between runs. The oracles: podman's RestartCount, and the server's own answers
+    (each overload's connection dropped: 0)."""
+    from tests.test_agent_root import WHYRESTART, AgentProc, until
+
+    state = tmp_path / "state"
+    agent = AgentProc(state)
+    loop = CrashLoop.create(server_image, model)
+    history = [
+        *WHYRESTART, "history", "--state-dir", str(state), "--restarts", "--unit", loop.name,
+        "--json",
+    ]  # fmt: skip
+
+    def loops() -> list[dict[str, Any]]:
+        out = subprocess.run(history, capture_output=True, check=True, timeout=60).stdout
+        return list(json.loads(out)["loops"])
+
+    try:
+        agent.wait_ready()
+        loop.overload_twice()
+        count = restart_count(loop.name)
+        # the agent's journal follows within a round or two
+        until(lambda: bool(loops()) and loops()[0]["restarts"] >= count, timeout=30)
+        [found] = loops()
+        text = subprocess.run(history[:-1], capture_output=True, text=True, timeout=60).stdout
+        print(text)  # (shown with -s, and when the test fails)
+        assert agent.stop()[0] == 0
+    finally:
+        if agent.proc.poll() is None:
+            agent.proc.kill()
+        loop.remove()
+    assert loop.answers == [0, 0] and count == 2
+    assert found["unit"] == f"podman {loop.name}"
+    assert found["restarts"] == count
+    # the two runs podman restarted ended in an OOM kill; the third was still serving
+    assert found["causes"] == {"cgroup_oom": count}, found
+    ended = [r for r in found["runs"] if r["cause"] is not None]
+    assert [r["cause"] for r in ended] == ["cgroup_oom"] * count, found["runs"]
+    assert all(r["limit_bytes"] == LIMIT for r in ended), found["runs"]
+    assert all(r["lived_ns"] and r["lived_ns"] > 0 for r in ended), found["runs"]
+    assert len(found["backoff_ns"]) == count and all(g >= 0 for g in found["backoff_ns"])
+    assert f"podman {loop.name}: 3 runs, 2 restarts; cgroup_oom 2x" in text, text

@@ -9,15 +9,19 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import orjson
 import pytest
 from click.testing import CliRunner
 
 from tracer.analysis.analyzer import Verdict
+from tracer.analysis.thrash import Thrash
 from tracer.cli import main
 from tracer.errors import UsageError
+from tracer.events import ProbeSample
 from tracer.parse.values import parse_size
 from tracer.repro import (
+    DEGRADED,
     FAILED,
     KILLED,
     MEMORY_HIGH,
@@ -30,7 +34,9 @@ from tracer.repro import (
     Plan,
     RunResult,
     Setting,
+    counted_probes,
     deciding_verdict,
+    degradation,
     in_cgroup,
     judge,
     make_plan,
@@ -198,7 +204,7 @@ def test_comparison_table_and_json() -> None:
     assert set(doc["runs"][0]) == {
         "run", "setting", "value", "repeat", "trace", "outcome", "survived", "exit_status",
         "cause", "verdict", "peak_bytes", "time_to_kill_s", "duration_s", "stall_s", "probes",
-        "probe_failures", "max_probe_latency_s", "liveness_kill", "error",
+        "probe_failures", "max_probe_latency_s", "liveness_kill", "thrash", "degraded", "error",
     }  # fmt: skip
     assert [r["outcome"] for r in doc["runs"]] == ["killed", "survived", "survived"]
     assert doc["runs"][0]["cause"] == "cgroup_oom" and doc["runs"][0]["time_to_kill_s"] == 0.5
@@ -398,6 +404,119 @@ def test_a_probe_timeout_experiment_judges_by_liveness_kills() -> None:
         "no probe timeout survived every run (signal_kill (liveness kill)): try larger values; "
         "failed for reasons other than the probe timeout: run 2 (cgroup_oom)"
     )
+
+
+# -- degraded: not killed, but not serving either (issue 29 item 5) -----------------------------
+
+S = 1_000_000_000
+
+
+def _probe(at_s: float, ok: bool = True, latency_s: float = 0.05) -> ProbeSample:
+    timed_out = not ok and latency_s >= 1.0
+    return ProbeSample(
+        ts=int(at_s * S), target="http://127.0.0.1:8080/completion", unit="",
+        latency_ns=int(latency_s * S), ok=ok, timed_out=timed_out,
+        status=200 if ok else None, error="" if ok else "no answer within 1 s",
+    )  # fmt: skip
+
+
+def _thrash(rate: float = 400 * MiB) -> Thrash:
+    return Thrash(
+        ts=10 * S, since=5 * S, path="/run1", rate=rate, cache=40 * MiB, mapped=20 * MiB,
+        usage=159 * MiB, limit=160 * MiB,
+    )  # fmt: skip
+
+
+def test_the_probes_that_judge_a_run_start_at_its_first_answer_and_end_with_its_work() -> None:
+    starting = [_probe(0, ok=False, latency_s=0.01), _probe(1, ok=False, latency_s=0.01)]
+    serving = [_probe(2), _probe(3, ok=False, latency_s=1.0), _probe(4)]
+    stopping = [_probe(9.5, ok=False, latency_s=1.0)]  # in flight when --duration ended it
+    assert counted_probes([*starting, *serving, *stopping], end_ns=10 * S) == serving
+    # a workload that never answered: every failure counts
+    assert counted_probes(starting, end_ns=10 * S) == starting
+    assert degradation([*starting, _probe(2), _probe(3)], 10 * S, None) is None
+    d = degradation([*starting, *serving], 10 * S, None)
+    assert d is not None and (d.probes, d.failures, d.timed_out) == (3, 1, 1)
+    assert d.reasons() == ["1 of 3 probes failed (1 timed out)"]
+    assert d.label() == "degraded (1/3 probes failed)"
+    d = degradation([_probe(2)], 10 * S, _thrash())
+    assert d is not None and d.label() == "degraded (thrash)"
+    assert d.reasons() == [
+        "page cache re-read from disk at 400.0 MiB/s (2.0 GiB in 5 s, 50 times the 40.0 MiB "
+        "of file pages it can keep, 20.0 MiB of them mapped)"
+    ]
+
+
+def test_judge_degraded_and_the_end_of_the_duration() -> None:
+    d = degradation([_probe(1, ok=False, latency_s=1.0)], 10 * S, _thrash())
+    ok = _v(1, "app_exit", code=0)
+    assert judge([ok], 0, False, d) == (DEGRADED, ok)
+    # a kill or a failure says more than a slow run
+    oom = _v(2, "cgroup_oom", main=False, sig="SIGKILL")
+    assert judge([ok, oom], None, False, d) == (KILLED, oom)
+    assert judge([], None, True, d)[0] == KILLED
+    assert judge([_v(1, "app_exit", code=3)], 3, False, d)[0] == FAILED
+    # repro's own SIGTERM at the end of --duration is the end of the run, not a kill
+    ours = msgspec.structs.replace(_v(1, "signal_kill", sig="SIGTERM"), sender_pid=77)
+    assert judge([ours], 143, False) == (KILLED, ours)
+    assert judge([ours], 143, False, stopped_by=77) == (SURVIVED, None)
+    assert judge([ours], 143, False, d, stopped_by=77) == (DEGRADED, None)
+    other = msgspec.structs.replace(ours, sender_pid=78)
+    assert judge([ours, other], 143, False, stopped_by=77) == (KILLED, other)
+
+
+def _degraded_run(n: int, text: str, value: int, thrash: Thrash | None) -> RunResult:
+    r = _run(n, text, value, DEGRADED, value, "app_exit")
+    probes = [_probe(1), _probe(2, ok=False, latency_s=1.0), _probe(3, ok=False, latency_s=1.0)]
+    r.degraded = degradation(probes, 10 * S, thrash)
+    r.thrash = thrash
+    return r
+
+
+def test_a_degraded_limit_is_not_the_smallest_that_survived() -> None:
+    """160M: the mapped model is re-read on every request (thrash), probes time out, nothing is
+    killed; 512M serves. The answer is 512M, and the table says why 160M was not."""
+    slow = _degraded_run(1, "160M", 160 * MiB, _thrash())
+    ok = _run(2, "512M", 512 * MiB, SURVIVED, 346 * MiB, "app_exit")
+    c = _comparison(slow, ok)
+    c.check_monotonic()
+    assert c.warnings == []
+    kind, text = c.conclusion()
+    assert kind == "smallest_survived"
+    assert text.startswith("smallest memory.limit_in_bytes that survived: 512M (peak 346.0 MiB")
+    assert "other than memory" not in text  # the thrash is the limit's doing
+    table = c.table()
+    assert table.splitlines()[2].split()[:5] == ["160M", "1/1", "degraded", "degraded", "(2/3"]
+    assert (
+        "run 1 (160M) degraded: 2 of 3 probes failed (2 timed out); page cache re-read from "
+        "disk at 400.0 MiB/s" in table
+    )
+    doc = orjson.loads(orjson.dumps(c.to_json()))
+    assert doc["smallest_surviving"]["setting"] == "512M"
+    run1 = doc["runs"][0]
+    assert (run1["outcome"], run1["survived"]) == ("degraded", False)
+    assert run1["degraded"]["reasons"][0] == "2 of 3 probes failed (2 timed out)"
+    assert run1["degraded"]["thrash"]["refault_bytes_per_s"] == 400 * MiB
+    assert doc["runs"][1]["degraded"] is None
+    # failing probes without thrash may be anything: named as another reason, not memory's
+    c = _comparison(_degraded_run(1, "160M", 160 * MiB, None), ok)
+    assert c.conclusion()[1].endswith(
+        "; failed for reasons other than memory: run 1 (degraded (2/3 probes failed))"
+    )
+    # a liveness kill while the page cache thrashed is the limit's doing too
+    killed = _run(1, "160M", 160 * MiB, KILLED, 160 * MiB, "signal_kill")
+    killed.liveness_kill, killed.thrash = True, _thrash()
+    assert _comparison(killed).conclusion()[0] == "none_survived"
+
+
+def test_probe_data_makes_the_probe_a_post() -> None:
+    p = _plan(memory_max="160M,512M", probe="http://127.0.0.1:8080/completion",
+              probe_data='{"n_predict": 1}')  # fmt: skip
+    assert p.probe is not None and p.probe.body == b'{"n_predict": 1}'
+    assert p.fixed()["probe_data"] == '{"n_predict": 1}'
+    for probe in (None, "tcp://127.0.0.1:8080"):
+        with pytest.raises(UsageError, match="--probe-data needs an http:// --probe"):
+            _plan(memory_max="160M,512M", probe=probe, probe_data="x")
 
 
 def test_interrupted_says_so_and_concludes_nothing() -> None:

@@ -59,6 +59,14 @@ _PROBE_OPTIONS = [
         help="http://HOST:PORT/PATH, tcp://HOST:PORT or exec:CMD.",
     ),
     click.option(
+        "--probe-data",
+        default=None,
+        metavar="BODY",
+        help="POST this body with the http probe (JSON is sent as application/json), so the "
+        'probe does real work, e.g. \'{"prompt": "Hi", "n_predict": 1}\'. A run '
+        "whose probes fail without a kill is degraded, not survived.",
+    ),
+    click.option(
         "--probe-interval",
         type=Checked("duration", values.parse_duration),
         default=None,
@@ -127,6 +135,13 @@ def repro(as_json: bool, **options: Any) -> None:
       sudo whyrestart repro --memory-high 256M,512M --memory-max 1G -- ./hog
       sudo whyrestart repro --probe-timeout 0.5,1,2 --probe http://127.0.0.1:8000/health \\
           --memory-max 1G --duration 120 -- python serve.py
+      sudo whyrestart repro --memory-max 160M,512M,1G --duration 60 --probe-failures 0 \\
+          --probe http://127.0.0.1:8080/completion \\
+          --probe-data '{"prompt": "Hi", "n_predict": 1}' -- ./serve-with-load.sh
+
+    A run that nothing killed but whose probes failed once it had answered, or whose page
+    cache was re-read from disk as fast as it could hold it (mapped model weights under a
+    limit below them), is degraded, and its value is never named the one that survived.
     """
     from tracer.repro import Experiment, Options, make_plan
     from tracer.sources.cgroupfs import CgroupLayout

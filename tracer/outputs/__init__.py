@@ -67,6 +67,7 @@ unless a name ends in ``_ns`` (CLOCK_BOOTTIME nanoseconds); sizes are bytes.
       "kind": "repro",
       "setting": "memory_max" | "memory_high" | "probe_timeout",  # the one setting varied
       "fixed": {"memory_max_bytes": int | null, "probe": str | null,
+                "probe_data": str | null,  # --probe-data: the body the http probe POSTs
                 "probe_timeout_s": float | null, "probe_interval_s": float | null,
                 "probe_failures": int | null, "duration_s": float | null},
       "command": [str, ...],
@@ -81,8 +82,9 @@ unless a name ends in ``_ns`` (CLOCK_BOOTTIME nanoseconds); sizes are bytes.
           "value": int | float,            # bytes (memory_*) or seconds (probe_timeout)
           "repeat": int,                   # 1..--runs
           "trace": str,                    # this run's trace file
-          "outcome": "survived" | "killed" | "failed" | "error",
-          "survived": bool,                # not killed, and exited 0 or still running at the end
+          "outcome": "survived" | "degraded" | "killed" | "failed" | "error",
+          "survived": bool,                # not killed, not degraded, and exited 0 or still
+                                           # running at the end
           "exit_status": int | null,       # as a shell reports it (137 = SIGKILL)
           "cause": str | null,             # the deciding verdict's cause, e.g. "cgroup_oom"
           "verdict": {"pid": int, "comm": str, "cause": str, "confidence": str,
@@ -95,6 +97,18 @@ unless a name ends in ``_ns`` (CLOCK_BOOTTIME nanoseconds); sizes are bytes.
           "probe_failures": int,           # of those, failed or timed out
           "max_probe_latency_s": float | null,
           "liveness_kill": bool,           # repro killed it after --probe-failures failures
+          "thrash": {"ts": int, "since": int, "path": str, "refault_bytes_per_s": int,
+                     "cache_bytes": int, "mapped_bytes": int, "usage_bytes": int | null,
+                     "limit_bytes": int | null} | null,  # the fastest page-cache re-reading
+                                           # seen in the run cgroup (tracer/analysis/thrash.py)
+          "degraded": {                    # why a "degraded" run was (null otherwise)
+            "reasons": [str, ...],         # e.g. "3 of 10 probes failed (3 timed out)", and
+                                           # "page cache re-read from disk at 400.0 MiB/s (...)"
+            "probes_counted": int,         # from the first probe that succeeded (all when none
+                                           # did) to the workload's end
+            "probe_failures_counted": int, "probe_timeouts_counted": int,
+            "thrash": {...} | null         # as "thrash" above
+          } | null,
           "error": str | null              # why the run could not be judged ("error" outcome)
         }, ...
       ],
@@ -113,8 +127,11 @@ unless a name ends in ``_ns`` (CLOCK_BOOTTIME nanoseconds); sizes are bytes.
     }
 
 A run's ``outcome``: ``killed`` (its deciding verdict is not ``app_exit``, or the liveness
-check killed it), ``failed`` (it exited non-zero or crashed on its own), ``survived`` (exit 0,
-or still running when ``--duration`` ended the run), ``error`` (interrupted).
+check killed it), ``failed`` (it exited non-zero or crashed on its own), ``degraded`` (varying a
+memory setting: neither, but probes failed once it had answered one, or its page cache thrashed:
+a model's mapped weights re-read on every request), ``survived`` (exit 0, or still running when
+``--duration`` ended the run: repro's SIGTERM then is the end, not a kill), ``error``
+(interrupted). ``smallest_surviving`` skips degraded settings.
 
 ``whyrestart postmortem --json`` (schema 1; ``tracer/postmortem``)::
 

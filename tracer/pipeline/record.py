@@ -88,6 +88,10 @@ class Targets:
         }
 
 
+# the stop reason (the start of RecordResult.reason) when --duration ended the recording
+DURATION_REACHED = "duration reached"
+
+
 @dataclass
 class RecordResult:
     path: str | None
@@ -517,7 +521,7 @@ class Recorder:
         if child is not None and child.poll() is not None:
             return "command exited"
         if self.duration is not None and elapsed >= self.duration:
-            return "duration reached"
+            return DURATION_REACHED
         if (
             child is None
             and self.targets.pids

@@ -17,14 +17,20 @@ workload, and the recorder watches it from its first exec (the idiom of the root
 cgroup always has a memory limit: the varied one, or ``--memory-max``, or a safety cap of 80% of
 the host's available memory, so a run can never push the host into a global OOM. When the run
 ends (the command exited, ``--duration`` passed, or a liveness kill), whatever is left in the
-cgroup is killed and the cgroup removed.
+cgroup is killed, the page cache it holds is reclaimed (a page stays charged to the cgroup that
+read it: the next run would find the files cached and be charged nothing for them) and the
+cgroup removed.
 
 Probes: with ``--probe`` a probe runs beside each run (``tracer.sources.probes.Prober``). Like a
 kubelet liveness probe, ``--probe-failures`` consecutive failures (default 3; 0 turns it off)
 make repro kill the workload, so varying ``--probe-timeout`` shows which timeout the workload
-survives. Every probe result is a source of the run's recording (``ProbeSample`` events), so a
-run's trace holds the probes that judged it and replays to the verdicts repro printed; the
-run's probe counts are read back from its trace.
+survives. ``--probe-data`` makes an HTTP probe a POST of real work (a one-token completion):
+under a memory setting, a run whose probes fail without a kill, or whose page cache thrashes
+(a model's mapped weights re-read on every request), is ``degraded``, not survived
+(``judge``), and the smallest setting that survived skips it. Every probe result is a
+source of the run's recording (``ProbeSample`` events), so a run's trace holds the probes that
+judged it and replays to the verdicts repro printed; the run's probe counts are read back from
+its trace. The end of ``--duration`` (repro's own SIGTERM) is the end of a run, not a kill.
 """
 
 from tracer.repro.compare import (
@@ -38,12 +44,16 @@ from tracer.repro.compare import (
     Comparison,
 )
 from tracer.repro.judge import (
+    DEGRADED,
     ERROR,
     FAILED,
     KILLED,
     SURVIVED,
+    Degraded,
     RunResult,
+    counted_probes,
     deciding_verdict,
+    degradation,
     judge,
 )
 from tracer.repro.plan import (
@@ -67,6 +77,7 @@ __all__ = [
     "DEFAULT_PROBE_FAILURES",
     "DEFAULT_PROBE_INTERVAL_S",
     "DEFAULT_PROBE_TIMEOUT_S",
+    "DEGRADED",
     "ERROR",
     "FAILED",
     "INTERRUPTED",
@@ -83,13 +94,16 @@ __all__ = [
     "SMALLEST_SURVIVED",
     "SURVIVED",
     "Comparison",
+    "Degraded",
     "Experiment",
     "Options",
     "Plan",
     "RunResult",
     "Setting",
+    "counted_probes",
     "deciding_verdict",
     "default_parent",
+    "degradation",
     "in_cgroup",
     "judge",
     "make_plan",

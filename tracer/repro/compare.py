@@ -17,7 +17,7 @@ from tracer.analysis.analyzer import (
     USERSPACE_OOM,
 )
 from tracer.analysis.quantities import fmt_bytes
-from tracer.repro.judge import ERROR, FAILED, KILLED, SURVIVED, RunResult
+from tracer.repro.judge import DEGRADED, ERROR, FAILED, KILLED, SURVIVED, RunResult
 from tracer.repro.plan import MEMORY_HIGH, PROBE_TIMEOUT, Plan, Setting
 
 SCHEMA = 1
@@ -40,9 +40,13 @@ class Comparison:
 
     def setting_decided(self, r: RunResult) -> bool:
         """Whether a run that did not survive ended for a reason the varied setting governs:
-        a memory kill for a memory setting, a liveness or probe kill for the probe timeout."""
+        for a memory setting a memory kill, or a degraded run or a liveness kill while its
+        page cache thrashed (the limit is what slowed it; failing probes alone may be anything
+        else); a liveness or probe kill for the probe timeout."""
         if self.plan.kind == PROBE_TIMEOUT:
             return r.liveness_kill or (r.verdict is not None and r.verdict.cause == PROBE_KILL)
+        if r.outcome == DEGRADED or r.liveness_kill:
+            return r.thrash is not None
         return r.outcome == KILLED and r.verdict is not None and r.verdict.cause in MEMORY_CAUSES
 
     def conclusion(self) -> tuple[str, str]:
@@ -184,6 +188,8 @@ class Comparison:
             return safetext.field(r.error or "error")
         if r.outcome == SURVIVED and v is None:
             return "still running at the end"
+        if r.outcome == DEGRADED and r.degraded is not None:
+            return r.degraded.label()
         text = v.cause if v else "-"
         if r.liveness_kill:
             text += " (liveness kill)"
@@ -232,6 +238,10 @@ class Comparison:
         ]
         lines.insert(1, "  ".join("-" * w for w in widths))
         out = "\n".join(lines) + "\n\n"
+        for r in self.runs:
+            if r.degraded is not None:
+                why = "; ".join(r.degraded.reasons())
+                out += f"run {r.run} ({r.setting.text}) degraded: {why}\n"
         out += self.conclusion()[1] + "\n"
         for w in self.warnings:
             out += f"warning: {w}\n"

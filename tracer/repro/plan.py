@@ -7,6 +7,7 @@ the one parser of sizes and durations.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -68,6 +69,9 @@ class Plan:
         return {
             "memory_max_bytes": self.memory_max,
             "probe": str(self.probe) if self.probe else None,
+            "probe_data": self.probe.body.decode(errors="replace")
+            if self.probe is not None and self.probe.body is not None
+            else None,
             "probe_timeout_s": self.probe_timeout_s,
             "probe_interval_s": self.probe_interval_s if self.probe else None,
             "probe_failures": self.probe_failures if self.probe else None,
@@ -86,6 +90,7 @@ class Options:
     probe_timeout: str | None = None
     repeats: int = 1
     probe: str | None = None
+    probe_data: str | None = None
     probe_interval: str | None = None
     probe_failures: int = 3
     probe_delay: str | None = None
@@ -158,6 +163,15 @@ def make_plan(o: Options, *, memory_version: int | None) -> Plan:
         from tracer.sources.probes import parse_probe
 
         spec = parse_probe(o.probe)
+    if o.probe_data is not None:
+        if spec is None or spec.kind != "http":
+            raise UsageError(
+                "--probe-data needs an http:// --probe",
+                fix="e.g. --probe http://127.0.0.1:8080/completion "
+                '--probe-data \'{"prompt": "Hi", "n_predict": 1}\'',
+            )
+        # (argv's bytes as given: click hands undecodable ones on as surrogate escapes)
+        spec = dataclasses.replace(spec, body=o.probe_data.encode("utf-8", "surrogateescape"))
     if PROBE_TIMEOUT in given and spec is None:
         raise UsageError(
             "--probe-timeout needs --probe", fix="say what to probe: --probe http://HOST:PORT/PATH"

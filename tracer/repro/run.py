@@ -16,7 +16,17 @@ from typing import TYPE_CHECKING, Any
 from tracer.analysis.quantities import fmt_bytes, stall_total_ns
 from tracer.errors import UsageError
 from tracer.repro.compare import Comparison
-from tracer.repro.judge import ERROR, FAILED, KILLED, SURVIVED, RunResult, deciding_verdict, judge
+from tracer.repro.judge import (
+    DEGRADED,
+    ERROR,
+    FAILED,
+    KILLED,
+    SURVIVED,
+    RunResult,
+    deciding_verdict,
+    degradation,
+    judge,
+)
 from tracer.repro.liveness import Liveness
 from tracer.repro.plan import MEMORY_HIGH, MEMORY_MAX, OPTION, PROBE_TIMEOUT, Plan, Setting
 
@@ -74,6 +84,7 @@ class Experiment:
         self.plan = plan
         self.progress = progress
         self._layout = layout
+        self.warnings: list[str] = []  # what a run's teardown could not do
 
     def run(self) -> Comparison:
         from tracer.pipeline.record import preflight
@@ -127,6 +138,7 @@ class Experiment:
         if stopped:
             comparison.interrupted = True
             comparison.stop_signal = stopped[0]
+        comparison.warnings += self.warnings
         comparison.check_monotonic()
         return comparison
 
@@ -165,7 +177,9 @@ class Experiment:
         self.progress(f"repro: run {n}/{total}: {what} ... recording to {trace}")
         name = f"whyrestart-repro-{os.getpid()}-{n}"
         live: Liveness | None = None
-        with ChildCgroup(parent, name, limit, high_bytes=high, layout=layout) as cg:
+        # drop_cache: each run reads its files itself, not finding the last run's page cache
+        cg = ChildCgroup(parent, name, limit, high_bytes=high, layout=layout, drop_cache=True)
+        with cg:
             procs = cg.procs_file
             if plan.probe is not None:
                 timeout = setting.value if plan.kind == PROBE_TIMEOUT else plan.probe_timeout_s
@@ -191,6 +205,11 @@ class Experiment:
                     live.stop()
             result.peak_bytes = cg.peak()
             cgroup_id = cg.cgroup_id
+        if cg.drop_error is not None:
+            self.warnings.append(
+                f"run {n}: its page cache could not be dropped ({cg.drop_error}): the next run "
+                "may find its files already cached, charged to this run's cgroup"
+            )
         self._fill(result, rec_result, cgroup_id, live)
         self.progress(f"repro: run {n}/{total}: {what} -> {self._describe(result)}")
         return result
@@ -202,7 +221,9 @@ class Experiment:
         cgroup_id: int,
         live: Liveness | None,
     ) -> None:
-        from tracer.events import CgroupSample, ProbeSample, ReclaimSummary
+        from tracer.analysis.analyzer import Analyzer
+        from tracer.events import CgroupSample, Exec, Exit, ProbeSample, ReclaimSummary
+        from tracer.pipeline.record import DURATION_REACHED
         from tracer.trace.reader import TraceReader
 
         result.exit_status = rec.command_status
@@ -211,8 +232,13 @@ class Experiment:
         peak_seen: int | None = None
         trace_probes: list[ProbeSample] = []
         summaries: list[ReclaimSummary] = []
+        command_pid: int | None = None  # the first exec is the command's (sh, then exec)
+        command_exit: int | None = None
         with TraceReader(result.trace) as reader:
+            # the thrash the run's trace shows, as replay --tail shows it: the one analyzer
+            analyzer = Analyzer.from_header(reader.header.targets)
             for ev in reader:
+                analyzer.feed(ev)
                 end = max(end, ev.ts)
                 if isinstance(ev, ReclaimSummary) and ev.cgroup_id == cgroup_id:
                     summaries.append(ev)
@@ -220,11 +246,24 @@ class Experiment:
                     for v in (ev.usage_bytes, ev.peak_bytes):
                         if v is not None and (peak_seen is None or v > peak_seen):
                             peak_seen = v
+                    t = analyzer.thrash(cgroup_id)
+                    if t is not None and (result.thrash is None or t.rate > result.thrash.rate):
+                        result.thrash = t
                 elif isinstance(ev, ProbeSample):
                     trace_probes.append(ev)
+                elif isinstance(ev, Exec) and command_pid is None:
+                    command_pid = ev.pid
+                elif isinstance(ev, Exit) and ev.pid == command_pid and command_exit is None:
+                    command_exit = ev.ts
             footer = reader.footer
         if footer is not None:
             end = max(end, footer.ended_ns)
+        # the workload's own end: it exited, or --duration told it to stop
+        work_end = min(
+            end,
+            command_exit if command_exit is not None else end,
+            start + int(self.plan.duration_s * 1e9) if self.plan.duration_s else end,
+        )
         result.stall_ns = stall_total_ns(summaries, start, end)
         result.duration_s = (end - start) / 1e9
         if result.peak_bytes is None:
@@ -242,9 +281,20 @@ class Experiment:
             result.error = f"interrupted by {signal.Signals(rec.stop_signal).name}"
             result.verdict = deciding_verdict(rec.verdicts)
             return
-        result.outcome, result.verdict = judge(
-            rec.verdicts, rec.command_status, result.liveness_kill
+        # a memory setting that left the workload serving badly did not let it survive; a
+        # varied probe timeout is judged by its liveness kills alone, as a kubelet's would be
+        degraded = (
+            degradation(trace_probes, work_end, result.thrash)
+            if self.plan.kind != PROBE_TIMEOUT
+            else None
         )
+        # the end of --duration is our own SIGTERM to the workload, not a kill
+        stopped_by = os.getpid() if rec.reason.startswith(DURATION_REACHED) else None
+        result.outcome, result.verdict = judge(
+            rec.verdicts, rec.command_status, result.liveness_kill, degraded, stopped_by
+        )
+        if result.outcome == DEGRADED:
+            result.degraded = degraded
         if result.outcome == KILLED and result.verdict is not None:
             result.time_to_kill_s = round((result.verdict.ts - start) / 1e9, 3)
 
@@ -256,6 +306,8 @@ class Experiment:
             return f"killed ({v.cause if v else '?'}) after {r.time_to_kill_s} s{peak}"
         if r.outcome == SURVIVED:
             return f"survived{peak}"
+        if r.outcome == DEGRADED and r.degraded is not None:
+            return f"degraded: {'; '.join(r.degraded.reasons())}{peak}"
         if r.outcome == FAILED:
             return f"failed (exit status {r.exit_status}){peak}"
         return r.error or "error"

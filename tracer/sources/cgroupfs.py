@@ -502,7 +502,9 @@ class ChildCgroup:
     On exit every process left in the child (and in any cgroup below it) gets SIGKILL, the
     exit waits up to ``kill_timeout_s`` for them to leave, and the directories are removed
     deepest first. If the calling process itself was moved in, it is moved back to the cgroup
-    it was in at entry instead of being killed.
+    it was in at entry instead of being killed. With ``drop_cache``, the page cache it still
+    holds is reclaimed before it is removed (`drop_page_cache`), and ``drop_error`` says why
+    that failed, if it did.
 
     Raises (on entry): ``KernelUnsupported`` without a memory hierarchy, ``PermissionProblem``
     when not allowed to create or write, ``UsageError`` for a bad name, a missing parent, an
@@ -520,6 +522,7 @@ class ChildCgroup:
         layout: CgroupLayout | None = None,
         proc_root: str = "/proc",
         kill_timeout_s: float = 2.0,
+        drop_cache: bool = False,
     ) -> None:
         if not name or "/" in name or name in (".", "..") or "\0" in name:
             raise UsageError(f"bad cgroup name {name!r}", fix="use a single path component")
@@ -534,6 +537,8 @@ class ChildCgroup:
         self._cgroup_id: int | None = None
         self._resolver: CgroupResolver | None = None
         self._home: str | None = None  # our own memory cgroup at entry
+        self.drop_cache = drop_cache
+        self.drop_error: str | None = None
 
     @property
     def cgroup_id(self) -> int:
@@ -678,6 +683,31 @@ class ChildCgroup:
                 return
             time.sleep(0.02)
 
+    def drop_page_cache(self) -> str | None:
+        """Reclaim the page cache the emptied child still holds; None when done, else why not.
+
+        A page stays charged to the cgroup that read it first, even once that cgroup is
+        removed: a later cgroup reading the same file (the next repro run) finds it cached and
+        is charged nothing for it, so a model's weights that thrash under a small limit read
+        first would not under that limit read second. Freed here, every run reads its files
+        itself. v1: ``memory.force_empty`` (reclaims all it can of a cgroup without tasks);
+        v2: ``memory.reclaim`` of its usage (Linux 5.19), a few times, as it may stop short."""
+        d = self.abs_path
+        try:
+            if self._layout_version() == 1:
+                _write(os.path.join(d, "memory.force_empty"), "0")
+                return None
+            for _ in range(5):
+                usage = _read_text(os.path.join(d, "memory.current"))
+                if usage is None or int(usage) == 0:
+                    return None
+                with contextlib.suppress(UsageError):  # EAGAIN: it reclaimed less than asked
+                    _write(os.path.join(d, "memory.reclaim"), usage.strip())
+        except (UsageError, PermissionProblem) as exc:
+            return str(exc)
+        left = _read_text(os.path.join(d, "memory.current"))
+        return None if left is None or int(left) == 0 else f"{int(left)} bytes still charged"
+
     def _layout_version(self) -> int | None:
         return self._resolver.layout.memory_version if self._resolver else None
 
@@ -698,6 +728,8 @@ class ChildCgroup:
         deadline = time.monotonic() + self.kill_timeout_s
         dirs = self._subtree(child_abs)
         self._kill_all(dirs, deadline)
+        if self.drop_cache:
+            self.drop_error = self.drop_page_cache()
         # rmdir can briefly fail with EBUSY while exiting tasks are still being uncharged.
         rm_deadline = time.monotonic() + self.kill_timeout_s
         for d in dirs:

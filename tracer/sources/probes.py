@@ -11,7 +11,8 @@ This module owns ``--probe``, ``--probe-interval`` and ``--probe-timeout``:
 Semantics follow the kubelet's probes, so that what whyrestart measures is what a liveness
 probe would have seen: HTTP is ok for a 2xx/3xx status within the timeout, TCP for a connect
 within the timeout, exec for exit status 0 within the timeout (and the command is killed when
-it runs over, with its whole process group).
+it runs over, with its whole process group). An HTTP probe with a body (``ProbeSpec.body``,
+repro's ``--probe-data``) POSTs it: a probe that asks for real work, not a cheap /health.
 
 Clock: ``start_ns`` is CLOCK_BOOTTIME (``time.clock_gettime_ns(time.CLOCK_BOOTTIME)``), the
 clock ``bpf_ktime_get_boot_ns`` stamps kernel events with, so probe latencies line up with
@@ -65,6 +66,9 @@ class ProbeSpec:
     port: int = 0
     path: str = "/"  # http: path and query string, as sent
     argv: tuple[str, ...] = ()  # exec
+    # http: a request body makes the probe a POST of it (repro's --probe-data), so that a
+    # probe can ask for real work (a one-token completion) rather than a cheap /health
+    body: bytes | None = None
 
     def __str__(self) -> str:
         return self.text
@@ -199,11 +203,10 @@ def _http(spec: ProbeSpec, timeout_s: float, start_ns: int) -> _Outcome:
     try:
         conn.connect()
         shrink_timeout()
-        conn.request(
-            "GET",
-            spec.path,
-            headers={"User-Agent": "whyrestart-probe", "Accept": "*/*", "Connection": "close"},
-        )
+        headers = {"User-Agent": "whyrestart-probe", "Accept": "*/*", "Connection": "close"}
+        if spec.body is not None:
+            headers["Content-Type"] = _content_type(spec.body)
+        conn.request("GET" if spec.body is None else "POST", spec.path, spec.body, headers)
         shrink_timeout()
         resp = conn.getresponse()
         shrink_timeout()  # the response reads through the same socket
@@ -218,6 +221,18 @@ def _http(spec: ProbeSpec, timeout_s: float, start_ns: int) -> _Outcome:
     if 200 <= status < 400:
         return True, False, status, ""
     return False, False, status, f"HTTP {status}"
+
+
+def _content_type(body: bytes) -> str:
+    """JSON when the body is JSON (what a model server's API takes), else a form, as curl's
+    ``-d`` sends it."""
+    import json
+
+    try:
+        json.loads(body)
+    except ValueError:
+        return "application/x-www-form-urlencoded"
+    return "application/json"
 
 
 def _tcp(spec: ProbeSpec, timeout_s: float) -> _Outcome:
