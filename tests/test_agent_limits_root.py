@@ -101,6 +101,13 @@ def _fill(agent: AgentProc) -> float:
     return metric(agent.metrics(), "whyrestart_records_unwritten")
 
 
+TRANSIENT = 16
+
+
+def cgroup_dirs(root: str) -> set[str]:
+    return {d for d, _, _ in os.walk(root)}
+
+
 def test_short_lived_cgroups_leave_no_series_and_no_memory(tmp_path: Path) -> None:
     layout = CgroupLayout.from_system()
     if layout.memory_root is None:
@@ -134,6 +141,7 @@ def test_short_lived_cgroups_leave_no_series_and_no_memory(tmp_path: Path) -> No
         # and what the agent keeps about them goes once two sweeps found them gone (a sweep
         # runs every 5 minutes, and at SIGHUP: two of those here)
         known = metric(agent.metrics(), "whyrestart_agent_cgroups_known")
+        host_before = cgroup_dirs(layout.memory_root)
 
         def swept() -> int:
             return agent.stderr().count(b"gone cgroups swept")
@@ -144,6 +152,11 @@ def test_short_lived_cgroups_leave_no_series_and_no_memory(tmp_path: Path) -> No
         until(lambda: swept() == 2)
         time.sleep(6)  # (the gauge is set every 5 s)
         after = metric(agent.metrics(), "whyrestart_agent_cgroups_known")
+        # the host's other users (a test run beside this one, a container start) may have
+        # made cgroups meanwhile, which the agent rightly knows: those still there, and a few
+        # that came and went between the sweeps (a cgroup is forgotten once two sweeps found
+        # it gone); a leak would keep all 500 of the churn's
+        appeared = len(cgroup_dirs(layout.memory_root) - host_before) + TRANSIENT
         assert agent.stop()[0] == 0
     finally:
         if agent.proc.poll() is None:
@@ -156,4 +169,4 @@ def test_short_lived_cgroups_leave_no_series_and_no_memory(tmp_path: Path) -> No
     for seg in sorted((tmp_path / "state" / "segments").iterdir()):
         with TraceReader(seg) as reader:
             named |= {e.cgroup_id for e in reader if isinstance(e, CgroupInfo) and prefix in e.path}
-    assert named and after <= known - len(named), (known, after, len(named))
+    assert named and after <= known - len(named) + appeared, (known, after, len(named), appeared)
