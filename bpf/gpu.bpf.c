@@ -270,7 +270,11 @@ static __always_inline void emit(__u16 type, __u32 func, int result, __u64 reque
 static __always_inline void call_failed(struct wr_gpu_stats *st, __u32 func, int result,
 					__u64 size)
 {
-	__u64 n = __sync_fetch_and_add(&st->call_failures, 1) + 1;
+	/* (read apart from the add: a fetching atomic add is refused before 5.12, see
+	 * whyrestart.bpf.c handled_allowed) */
+	__u64 n = st->call_failures + 1;
+
+	__sync_fetch_and_add(&st->call_failures, 1);
 
 	if (n <= WR_GPU_CALL_FAIL_SENT)
 		emit(WR_EV_GPU_CALL_FAIL, func, result, size, st->held_bytes, st->peak_bytes, n);

@@ -581,7 +581,15 @@ static __always_inline bool handled_allowed(__u32 tgid, int sig)
 		bpf_map_update_elem(&handled_seen, &key, &fresh, BPF_ANY);
 		return true;
 	}
-	return __sync_fetch_and_add(&w->n, 1) < HANDLED_PER_SECOND;
+	/* The count before this one, read apart from the add: an atomic add whose result is used
+	 * is BPF_FETCH, which kernels before 5.12 (5.10: Debian 11, Ubuntu 20.04's HWE, RHEL 8's
+	 * 4.18 backports) refuse with EINVAL, and with it the whole signal hook (seen in the
+	 * lab's 5.10 VM). Racing CPUs may let one more through: the window is a bound, not a
+	 * count. */
+	__u64 seen = w->n;
+
+	__sync_fetch_and_add(&w->n, 1);
+	return seen < HANDLED_PER_SECOND;
 }
 
 /* Whether a generated signal to a watched process is worth a record (see above). */

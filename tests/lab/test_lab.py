@@ -259,6 +259,18 @@ def summaries(events: list[Event], kind: str) -> list[ReclaimSummary]:
 
 
 @pytest.mark.parametrize("variant", list(RUNGS))
+def test_every_hook_has_a_rung_on_this_kernel(attached: dict[str, hooks.Attached]) -> None:
+    """Every hook attaches somewhere on every lab kernel: a construct one kernel's verifier
+    refuses in a shared handler takes every rung of its hook down at once (a fetching atomic
+    add, refused before 5.12, left 5.10 with no signal hook at all)."""
+    missing = {
+        hook: attached["fentry"].failures.get(hook, [])
+        for hook, rung in attached["fentry"].rungs.items()
+        if rung is None
+    }
+    assert missing == {}
+
+
 def test_oom_kill_gets_the_exact_memcg(
     variant: str,
     tmp_path: Path,
