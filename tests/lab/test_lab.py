@@ -258,7 +258,6 @@ def summaries(events: list[Event], kind: str) -> list[ReclaimSummary]:
 # -- OOM kills: the exact memcg from oom_kill_process ----------------------------------------------
 
 
-@pytest.mark.parametrize("variant", list(RUNGS))
 def test_every_hook_has_a_rung_on_this_kernel(attached: dict[str, hooks.Attached]) -> None:
     """Every hook attaches somewhere on every lab kernel: a construct one kernel's verifier
     refuses in a shared handler takes every rung of its hook down at once (a fetching atomic
@@ -271,6 +270,7 @@ def test_every_hook_has_a_rung_on_this_kernel(attached: dict[str, hooks.Attached
     assert missing == {}
 
 
+@pytest.mark.parametrize("variant", list(RUNGS))
 def test_oom_kill_gets_the_exact_memcg(
     variant: str,
     tmp_path: Path,
