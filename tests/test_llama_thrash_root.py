@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 import threading
 import time
@@ -32,7 +31,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from llm.server import BuildFailed, free_port
+from llm.server import BuildFailed, free_port, private_copy
 from llm.server import built as built_server
 from tests.workloads import in_cgroup
 from tracer.cli import main
@@ -110,23 +109,6 @@ def stat_of(cg: ChildCgroup) -> dict[str, int]:
         raw[key] = int(value)
     refaults = raw.get("total_workingset_refault_file", raw.get("workingset_refault_file", 0))
     return {"refaults": refaults, "file": raw.get("total_cache", raw.get("file", 0))}
-
-
-def private_copy(model: Path, folder: Path) -> Path:
-    """A copy of the model that no other process maps, out of the page cache: a page stays
-    charged to the cgroup that read it first (whoever generated or served the shared file), so
-    the server's cgroup would be charged nothing for the shared file's pages and could not
-    thrash. (The copy's pages, written from here, are clean after the fsync and unmapped:
-    POSIX_FADV_DONTNEED drops them all.)"""
-    copy = folder / model.name
-    shutil.copyfile(model, copy)
-    fd = os.open(copy, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-    return copy
 
 
 def client(base: str, stop: threading.Event) -> None:
