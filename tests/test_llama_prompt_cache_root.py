@@ -168,6 +168,8 @@ def test_prompt_cache_waves_grow_anon_until_a_later_wave_is_oom_killed(
     assert "still starting" not in v.summary
     # what filled it: anon, the prompt cache's copies of the slots
     assert "was anon memory" in v.summary, v.summary
+    # and how it filled: a step a wave, never given back
+    assert "never came back down" in v.summary, v.summary
     assert "the processes' own allocations filled it" in v.advice, v.advice
     parts = dict(v.breakdown)
     assert parts["anon"] > max(run.anon) and parts["anon"] > 300 * MiB, v.breakdown

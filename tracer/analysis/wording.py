@@ -693,6 +693,19 @@ def composition_source_sample(path: str, after_ns: int) -> str:
     return f"memory.stat of {path} read {when}"
 
 
+def stepwise_growth(levels: tuple[int, ...], span_ns: int) -> tuple[str, str]:
+    """Anon memory that rose in steps and never came back down (analysis.growth), for the
+    summary and the advice."""
+    path = " -> ".join(fmt_bytes(v) for v in levels)
+    return (
+        f"its anon memory rose in {len(levels) - 1} steps over {span_ns / 1e9:.0f} s and never "
+        f"came back down ({path})",
+        "each burst of work added memory that nothing gave back: a cache the requests fill "
+        "(a server's prompt or KV cache, kept per request) or a leak; bound that cache, or a "
+        "higher limit only moves the kill",
+    )
+
+
 def composition_text(
     parts: tuple[tuple[str, int], ...], limit_bytes: int | None
 ) -> tuple[str, str] | None:

@@ -8,6 +8,7 @@ from tracer.analysis.evidence import Evidence
 from tracer.analysis.findings import (
     Evidence_,
 )
+from tracer.analysis.growth import stepwise
 from tracer.analysis.quantities import fmt_bytes
 from tracer.analysis.rules.view import SECOND, SETTLE_NS, ExitView
 from tracer.events import (
@@ -91,7 +92,32 @@ def with_composition(
     pinned = max(top.get("shmem", 0), top.get("kernel", 0) + top.get("sock", 0))
     first = pinned > top.get("anon", 0) + top.get("file_mapped", 0) + top.get("file_unmapped", 0)
     advice = f"{said[1]}; {advice}" if first else f"{advice}; {said[1]}"
-    return f"{summary}; {said[0]}", advice, (oom_ts, f"{source}: {what}")
+    summary = f"{summary}; {said[0]}"
+    page_cache = top.get("file_mapped", 0) + top.get("file_unmapped", 0)
+    if not first and top.get("anon", 0) > max(pinned, page_cache):
+        grew = anon_steps(v.ev, limit_id or v.ex.cgroup_id, v.ex, oom_ts)
+        if grew is not None:
+            summary, advice = f"{summary}; {grew[0]}", f"{grew[1]}; {advice}"
+    return summary, advice, (oom_ts, f"{source}: {what}")
+
+
+# how far back the steps are looked for: a server's life until its kill, bounded
+STEPS_WINDOW_NS = 600 * SECOND
+
+
+def anon_steps(store: Evidence, cid: int, ex: Exit, oom_ts: int) -> tuple[str, str] | None:
+    """The limiting cgroup's anon memory rising in steps that never came back down, from the
+    victim's start (at most STEPS_WINDOW_NS) to the kill, as words; None otherwise."""
+    start = max(ex.start_ns, oom_ts - STEPS_WINDOW_NS)
+    points = [
+        (s.ts, s.stat["anon"])
+        for s in store.samples_between(cid, start, oom_ts)
+        if "anon" in s.stat
+    ]
+    steps = stepwise(points)
+    if steps is None:
+        return None
+    return say.stepwise_growth(steps.levels, steps.end_ns - steps.start_ns)
 
 
 def split_stat(stat: dict[str, int]) -> tuple[tuple[str, int], ...]:
