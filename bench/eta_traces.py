@@ -59,6 +59,17 @@ def leak_over_cache(rate_mib: float) -> str:
     )
 
 
+def restarted(runs: int, rate_mib: float) -> str:
+    """A supervisor (in the same cgroup) that restarts a leak of ``rate_mib`` MiB/s each time it
+    is killed, ``runs`` times, a second apart: a crash loop, each run warned about anew."""
+    return (
+        "import subprocess, sys, time\n"
+        f"for _ in range({runs}):\n"
+        f"    subprocess.run([sys.executable, '-c', {grow(rate_mib)!r}])\n"
+        "    time.sleep(1)\n"
+    )
+
+
 def scenarios(cache_file: str, llama: Built, copy: Path) -> dict[str, tuple[int, list[str]]]:
     """Each scenario's limit and its Python's arguments. ``copy``: where the scenarios in
     MODEL_COPY find a copy of the model out of the page cache (charged to their own cgroup)."""
@@ -72,6 +83,7 @@ def scenarios(cache_file: str, llama: Built, copy: Path) -> dict[str, tuple[int,
         "eta_ramp_ok": (256 * MiB, ["-c", RAMP]),
         "eta_steady_ok": (256 * MiB, ["-c", STEADY]),
         "eta_cache_ok": (64 * MiB, ["-c", cache_churn(40), cache_file]),  # page cache on disk
+        "eta_restarts_leak4_oom": (160 * MiB, ["-c", restarted(3, 4)]),
         # waves of 4 long prompts kept by llama-server's prompt cache, one every 8 s, +32-65 MiB
         # a wave, until one is OOM-killed (llm.server.PROMPT_CACHE_ARGS; as in
         # tests/test_llama_prompt_cache_root.py)

@@ -16,7 +16,8 @@ ancestor (cgroup v2: where throttling starts); the samples read are those of the
 holds it, since a parent's limit counts its whole subtree.
 
 The estimator, over the samples of the last ``window_s`` (30 s; at most ``MAX_POINTS`` of them,
-evenly thinned):
+evenly thinned), from the last fall of a quarter of the limit on (``since_last_fall``: a
+restarted process's readings are its own):
 
 1. **Robust slope.** Theil-Sen: the median of the slopes between every pair of points, so a
    few outliers (a sample taken mid-reclaim) do not move it. The band is the slopes' 25th and
@@ -184,6 +185,24 @@ def _growing(first: Level, last: Level) -> str:
     return name if deltas[name] > 0 else "unreclaimable"
 
 
+# A fall of the unreclaimable memory by this much of the limit between two readings is a new
+# run (the process died or was killed and its restart begins from its own floor): the readings
+# before it say nothing about the new run's growth.
+FALL_FRACTION = 0.25
+
+
+def since_last_fall(levels: list[Level], limit: Limit) -> list[Level]:
+    """``levels`` from the last fall of FALL_FRACTION of the limit on. Without this, a restart
+    loop's readings at the limit before each kill stay in the window and pull the slope below
+    zero: a leak restarted after an OOM kill was warned about 8.8 s before its next kill, its
+    first run 22 s before (bench eta, eta_restarts_leak4_oom)."""
+    fall = FALL_FRACTION * limit.bytes
+    for i in range(len(levels) - 1, 0, -1):
+        if levels[i - 1].unreclaimable - levels[i].unreclaimable >= fall:
+            return levels[i:]
+    return levels
+
+
 def estimate(samples: Sequence[CgroupSample], limit: Limit, params: Params = DEFAULT) -> Eta | None:
     """The time to ``limit`` from ``samples`` (time order; those of the cgroup holding the
     limit), or None when the growth is not sustained or would not reach it within the horizon
@@ -191,7 +210,9 @@ def estimate(samples: Sequence[CgroupSample], limit: Limit, params: Params = DEF
     if not samples or limit.bytes <= 0:
         return None
     start = samples[-1].ts - int(params.window_s * NS)
-    levels = [lv for s in samples if s.ts >= start and (lv := level_of(s)) is not None]
+    levels = since_last_fall(
+        [lv for s in samples if s.ts >= start and (lv := level_of(s)) is not None], limit
+    )
     if len(levels) < 4:
         return None
     points = _thin(levels, MAX_POINTS)
