@@ -1238,10 +1238,10 @@ static __always_inline int stall_begin(__u32 kind, struct mem_cgroup *memcg, __u
 	 * a throttle, and checked first, before the watched-set lookups, so that nearly every
 	 * context switch on the host costs one field read (kernel-side review §13). Its return
 	 * hook still fires: on the kretprobe rung, whose returns can be missed (maxactive), a start
-	 * left from a pass whose end was missed must not be closed by this one; fexit is never
-	 * missed, so the fentry rung touches no map here. */
+	 * left from a watched task's pass whose end was missed must not be closed by this one;
+	 * fexit is never missed, so the fentry rung touches no map here. */
 	if (kind == WR_STALL_HIGH && !BPF_CORE_READ(task, memcg_nr_pages_over_high)) {
-		if (rung == WR_RUNG_KPROBE)
+		if (rung == WR_RUNG_KPROBE && tgid != cfg.self_tgid && is_watched(task, tgid))
 			bpf_map_delete_elem(&reclaim_starts, &key);
 		return 0;
 	}
