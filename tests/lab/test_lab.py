@@ -694,10 +694,10 @@ def test_reclaim_asked_for_from_outside_is_not_the_cgroups_stall(
     cg_layout: CgroupLayout,
     attached: dict[str, hooks.Attached],
 ) -> None:
-    """A write of memory.reclaim reclaims in the writer, which is not in the cgroup (kubelet's
-    MemoryQoS, senpai): its passes are "external", never the cgroup's own "memcg" stall that
-    an OOM verdict cites (kernel-side review §17). The cgroup's memory.current dropping is the
-    kernel's own word that the reclaim happened."""
+    """A write of memory.high (or memory.reclaim) reclaims in the writer, which is not in the
+    cgroup (kubelet's MemoryQoS, senpai): its passes are "external", never the cgroup's own
+    "memcg" stall that an OOM verdict cites (kernel-side review §17). The cgroup's
+    memory.current dropping is the kernel's own word that the reclaim happened."""
     need_rung(attached, variant, "memcg_reclaim", variant)
     # Page cache to reclaim: in the VM every writable place is tmpfs (shmem: never reclaimed
     # without swap, and charged to its writer), so the pages are read from the host's root,
@@ -716,7 +716,9 @@ def test_reclaim_asked_for_from_outside_is_not_the_cgroups_stall(
         res, events = record(
             tmp_path,
             monkeypatch,
-            ["sh", "-c", f"echo 16M > {target.abs_path}/memory.reclaim"],
+            # lowering memory.high reclaims down to it in the writer (memory_high_write, since
+            # 5.9; memory.reclaim, which does the same, came in 5.19)
+            ["sh", "-c", f"echo {before - 12 * MiB} > {target.abs_path}/memory.high"],
             disabled=RUNGS[variant],
             stall_threshold_ns=0,
         )
