@@ -88,3 +88,21 @@ def busybox_image(
             os.environ.pop("CONTAINERS_CONF", None)
         else:
             os.environ["CONTAINERS_CONF"] = old
+
+
+def run_failing_cuinit(image: str, program: str) -> subprocess.CompletedProcess[str]:
+    """One start of an image made with ``tests.gpu.build.cuda_rootfs``: its ``/program`` calls
+    cuInit, which the stand-in fails (CUDA_ERROR_NO_DEVICE: the program exits 3)."""
+    return podman(
+        "run",
+        "--rm",
+        "--network=none",
+        "-e",
+        "LD_LIBRARY_PATH=/cuda",
+        "-e",
+        "FAKE_CUDA_INIT_RESULT=100",
+        image,
+        f"/{program}",
+        "noinit",
+        check=False,
+    )

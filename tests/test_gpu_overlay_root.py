@@ -134,19 +134,7 @@ def test_container_starts_of_an_image_with_libcuda_cost_no_descriptor_and_one_re
         fds: list[tuple[int, int]] = []  # (descriptors, library files known) after each
         try:
             for _ in range(PODMAN_STARTS):
-                r = podmanimg.podman(
-                    "run",
-                    "--rm",
-                    "--network=none",
-                    "-e",
-                    "LD_LIBRARY_PATH=/cuda",
-                    "-e",
-                    "FAKE_CUDA_INIT_RESULT=100",
-                    image,
-                    f"/{PROGRAM}",
-                    "noinit",
-                    check=False,
-                )
+                r = podmanimg.run_failing_cuinit(image, PROGRAM)
                 assert r.returncode == 3, r.stderr  # cuInit failed: CUDA_ERROR_NO_DEVICE
                 time.sleep(0.1)  # its record drained
                 fds.append((_fds(), len(side.libraries.probed)))

@@ -61,19 +61,7 @@ def run(starts: int, tmp: Path, agent_pid: int) -> Result:
         root, image, ("sh",), prepare=lambda: build.cuda_rootfs(root, tmp, PROGRAM)
     ):
         for i in range(starts):
-            r = podmanimg.podman(
-                "run",
-                "--rm",
-                "--network=none",
-                "-e",
-                "LD_LIBRARY_PATH=/cuda",
-                "-e",
-                "FAKE_CUDA_INIT_RESULT=100",
-                image,
-                f"/{PROGRAM}",
-                "noinit",
-                check=False,
-            )
+            r = podmanimg.run_failing_cuinit(image, PROGRAM)
             codes[r.returncode] = codes.get(r.returncode, 0) + 1
             fds.append(_fds(agent_pid))
             if (i + 1) % 50 == 0:
