@@ -463,9 +463,11 @@ def test_a_followed_cgroup_recreated_2000_times_keeps_the_table_bounded(
     codes = Counter(e.status >> 8 for e in events if isinstance(e, Exit) and e.comm == "sh")
     assert codes == Counter({3: LOOPS})
     assert (left, refused) == (0, 0)
-    # (a listing that races the loop's rmdir + mkdir can see the old id and the new one: 2;
-    # without the rmdir hook it grew to the table's 1,024 and the rest went unwatched)
-    assert max(sizes) <= 2, sizes
+    # A listing walks the map key by key while the loop runs: one that races a rmdir + mkdir
+    # sees the old id and the new one (2), a slow one spans two restarts (3, seen once in a
+    # fresh clone). Without the rmdir hook it grew to the table's 1,024 and the rest went
+    # unwatched, so a handful is the bound that still tells the two apart.
+    assert max(sizes) <= 4, sizes
 
 
 def test_a_full_watched_cgroup_table_is_counted_not_fatal(
