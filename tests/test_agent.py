@@ -218,6 +218,45 @@ def test_an_incident_is_the_window_and_replays_to_the_same_verdict(tmp_path: obj
     sd.close()
 
 
+def test_an_incident_appears_under_its_name_only_once_complete(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cut is written under a hidden name and renamed at its end: a reader that finds the
+    incident's file (`replay ID`, a wait for it) never reads half of one. What an agent
+    killed in the middle of a cut left is removed by the next one, and never listed."""
+    from tracer.agent.state import PARTIAL
+    from tracer.trace.writer import TraceWriter
+
+    sd, _clock, sink, first, cut = _incident_world(tmp_path)
+    leftover = os.path.join(sd.incidents, PARTIAL + "20260101T000000Z-1.trace")
+    with open(leftover, "w") as f:
+        f.write("half")
+    assert sd.incident_files() == [] and sd.incident_bytes() == 4
+    store = IncidentStore(sink, lambda: 0, before_s=5, after_s=2, on_cut=first.on_cut)
+    assert not os.path.exists(leftover)  # (the next agent's store removed it)
+
+    listed: list[list[str]] = []
+    write = TraceWriter.write
+
+    def spy(self: TraceWriter, ev: object) -> None:
+        listed.append(sorted(os.listdir(sd.incidents)))
+        write(self, ev)  # type: ignore[arg-type]
+
+    for ev in (st.cgroup(10, "/demo", 64 * st.MiB), st.exit_code(10.0, 7, 3, comm="job")):
+        sink.write([ev])
+    store.add(verdict(pid=7, ts=10.0))
+    monkeypatch.setattr(TraceWriter, "write", spy)
+    store.close(TraceFooter(ended_ns=st.t(14), exit="stopped"), True)
+    monkeypatch.undo()
+    [path] = cut
+    name = os.path.basename(path)
+    assert listed and all(names == [PARTIAL + name] for names in listed)
+    assert os.listdir(sd.incidents) == [name]
+    assert [p for p, _, _ in sd.incident_files()] == [path]
+    assert [e.pid for e in read_trace(path).events if e.KIND == "exit"] == [7]  # type: ignore[attr-defined]
+    sd.close()
+
+
 def test_the_agents_analyzer_hands_every_verdict_on_and_keeps_none() -> None:
     """The agent's sinks take each verdict as it comes: its analyzer keeps none (a storm's
     first 5,000 kept pinned 4 MB of heap), and judges exactly as a recording's does."""

@@ -409,6 +409,27 @@ def test_fast_decoders_agree_with_from_record(event: Event) -> None:
     assert type(_decode_line(line)) is type(event)
 
 
+CONTROLS = 'a\x00b\x1b[2J\u2028"\\/\x7f\U0001f600'  # what a hostile process name holds
+
+
+@pytest.mark.parametrize("event", SAMPLES, ids=lambda e: e.KIND)
+def test_each_line_written_is_the_records_json(tmp_path: Path, event: Event) -> None:
+    """The writer encodes the Struct itself (msgspec, in C): its line is byte for byte the
+    documented ``to_record()`` as orjson writes it, strings with controls included; a string
+    that is not Unicode (a lone surrogate) is refused, as orjson refused it."""
+    strings = [f for f in event.__struct_fields__ if isinstance(getattr(event, f), str)]
+    hostile = msgspec.structs.replace(event, **{f: CONTROLS for f in strings})
+    for i, ev in enumerate((event, hostile)):
+        path = tmp_path / f"{ev.KIND}-{i}.trace"
+        write_trace(path, [ev])
+        want = orjson.dumps(ev.to_record(), option=orjson.OPT_APPEND_NEWLINE)
+        assert path.read_bytes().splitlines(keepends=True)[1] == want
+    if strings:
+        broken = msgspec.structs.replace(event, **{strings[0]: "x\udcff"})
+        with pytest.raises(ValueError, match="cannot write"):
+            write_trace(tmp_path / f"{event.KIND}-broken.trace", [broken])
+
+
 def test_default_field_may_be_absent_and_unknown_fields_are_ignored(tmp_path: Path) -> None:
     rec = SAMPLES[0].to_record()
     del rec["rung"]  # has a default

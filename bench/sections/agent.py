@@ -70,6 +70,7 @@ Result = dict[str, Any]  # one phase's raw numbers, as --json keeps them
 POLL_S = 0.02  # how often the latency phase looks at /metrics and the journal
 CROWD_SETTLE_S = 5.0  # from the crowd's start to its CPU window
 KILL_WAIT_S = 30.0  # a kill not in both by then is reported missing
+INCIDENT_WAIT_S = 90.0  # the agent's 30 s after an incident's last verdict, and its cut
 OOM_METRIC = "whyrestart_oom_kills"
 LOST_METRIC = "whyrestart_events_lost_total"
 UNRECORDED_METRIC = "whyrestart_signals_unrecorded_total"
@@ -198,6 +199,22 @@ class Agent:
         sd = StateDir(str(self.state))
         entries = read_journal(sd.journal_old, sd.journal)
         return {int(e["pid"]) for e in entries if "oom" in str(e.get("cause")) and "pid" in e}
+
+    def wait_incidents_cut(self, cap: float) -> bool:
+        """Wait until every incident the journal names has been cut (an incident is cut once
+        the stream passes its window's end, 30 s after its last verdict): True if all were.
+        A phase timed for its own cost starts after this, not while the agent copies the
+        window of an earlier storm out of its segments."""
+        sd = StateDir(str(self.state))
+        deadline = time.monotonic() + cap
+        while True:
+            entries = read_journal(sd.journal_old, sd.journal)
+            ids = {str(e["incident"]) for e in entries if e.get("incident")}
+            if all(sd.incident_path(i) is not None for i in ids):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.5)
 
     def stop(self) -> Result:
         self._stop.set()
@@ -550,7 +567,9 @@ def _agent_phase(opts: Options, tmp: Path) -> Result:
         say(f"agent: {opts.agent_kills} OOM kills, timed to /metrics and history")
         res["latency"] = _latency(opts, agent)
         say(f"agent: beside a busy Go program and a 100 Hz profiler, {opts.agent_noisy:g} s")
-        res["noisy"] = _noisy(opts, d, agent)
+        # (the storm's and the kills' incident is cut 30 s after the last kill: not in here)
+        cut = agent.wait_incidents_cut(INCIDENT_WAIT_S)
+        res["noisy"] = {**_noisy(opts, d, agent), "earlier_incidents_cut": cut}
         if opts.agent_containers:
             say(f"agent: {opts.agent_containers} container starts of an image with a libcuda")
             try:  # (not _guard: its kill_all would end the agent too)
@@ -642,6 +661,8 @@ def _noisy_table(opts: Options, nz: Result, idle: float | None) -> list[str]:
         return [*out, f"| {why} |" + " |" * 8]
     counted = nz["counted"]
     cpu = nz.get("agent_cpu_pct")
+    if not nz.get("earlier_incidents_cut", True):
+        out.insert(2, f"(the earlier phases' incidents were not all cut in {INCIDENT_WAIT_S:g} s)")
     ok = (
         cpu is not None
         and cpu <= NOISY_TARGET_CPU_PCT
@@ -823,7 +844,10 @@ def _report(opts: Options, bare: Result, snoop: Result, agent: Result, load: Res
             "other processes' signals included); **their signal records**: signal records "
             "aimed at the two programs in the agent's segments; **lost**: the rise of "
             "whyrestart_events_lost_total; **judged**: OOM victims in the journal, deaths as "
-            "exit records in the segments; **agent CPU**: over the phase. "
+            "exit records in the segments; **agent CPU**: over the phase, which starts once the "
+            "earlier phases' incidents have been cut (their cut, a copy of the storm's window "
+            "out of the segments, is the agent's work for those phases; its own incident is "
+            "cut 30 s after its last failure, after the phase). "
             "**soak**: VmRSS every second while wr-storm runs paced "
             "at {agent_soak_rate:,.0f} exits/s with mixed codes for {agent_soak:g} s "
             "(--agent-soak 1800 is "

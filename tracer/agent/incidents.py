@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import msgspec
 
 from tracer.agent.segments import SegmentSink, parse_segment_name
+from tracer.agent.state import PARTIAL
 from tracer.analysis.findings import APP_EXIT, Verdict
 from tracer.clock import wall_time
 from tracer.errors import OutputError, TraceFileError
@@ -86,6 +87,15 @@ class IncidentStore:
         self.written = 0
         self.failed = 0
         self._ids: set[str] = set()
+        self._remove_partials()
+
+    def _remove_partials(self) -> None:
+        """What an agent killed while cutting left: half an incident, never listed."""
+        with contextlib.suppress(OSError):
+            for name in os.listdir(self.state.incidents):
+                if name.startswith(PARTIAL):
+                    with contextlib.suppress(OSError):
+                        os.unlink(os.path.join(self.state.incidents, name))
 
     def add(self, v: Verdict) -> str:
         """The incident ``v`` belongs to (a window still open, or a new one); its id at once."""
@@ -152,7 +162,8 @@ class IncidentStore:
         cut. The naming records read before the window's first event go first, stamped at
         its time; those that come inside the window stay where they are (in time order)."""
         names: dict[tuple[str, int], Event] = {}
-        path = os.path.join(self.state.incidents, p.id + ".trace" + self.segments.suffix)
+        name = p.id + ".trace" + self.segments.suffix
+        path, partial = (os.path.join(self.state.incidents, n) for n in (name, PARTIAL + name))
         writer: TraceWriter | None = None
         header: TraceHeader | None = None
 
@@ -164,7 +175,9 @@ class IncidentStore:
                 "verdicts": [{"pid": v.pid, "ts": v.ts, "cause": v.cause} for v in p.verdicts],
                 "window_ns": [p.start, p.end],
             }
-            w = TraceWriter.open(path, dataclasses.replace(header, extra=extra, started_ns=start))
+            w = TraceWriter.open(
+                partial, dataclasses.replace(header, extra=extra, started_ns=start)
+            )
             w.write_many([msgspec.structs.replace(ev, ts=start) for ev in names.values()])
             return w
 
@@ -188,11 +201,12 @@ class IncidentStore:
             if writer is None:
                 writer = open_at(p.start)
             writer.close(writer.make_footer(f"incident {p.id}", ended_ns=p.end))
+            os.replace(partial, path)
         except BaseException:
             if writer is not None:
                 with contextlib.suppress(Exception):
                     writer.abort()
                 with contextlib.suppress(Exception):
-                    os.unlink(path)  # no half incident: it is listed as failed instead
+                    os.unlink(partial)  # no half incident: it is listed as failed instead
             raise
         return path

@@ -45,7 +45,7 @@ SWEEP_S = 300.0  # how often the cgroups the run keeps something about are check
 MAX_UNIT_PATHS = 65536
 # The always-on recorder: it needs no 10 ms reaction (an OOM kill wakes it at once) nor 10
 # samples a second of every cgroup: a tenth of the wake-ups and samples, and half a second's wait
-# once quiet for a second. A cgroup whose usage has not moved is sampled in full every 10 s, not
+# once quiet for 0.3 s. A cgroup whose usage has not moved is sampled in full every 10 s, not
 # every second (100 idle containers cost 1.2% of a core at idle, sampled in full each second). A
 # process not mapping libcuda is looked at again after 1, 2, 4 ... s, at most every minute
 # (tracer/gpu/side.py): not each second for every long-running server on the node.

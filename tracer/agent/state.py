@@ -28,6 +28,10 @@ DEFAULT_STATE_DIR = "/var/lib/whyrestart"
 STATE_DIR_ENV = "WHYRESTART_STATE_DIR"
 SEGMENTS = "segments"
 INCIDENTS = "incidents"
+# An incident is cut under PARTIAL + its name (same suffix: it says how the file is encoded) and
+# renamed when complete: `replay ID`, a copier or a wait for the file never reads half of one
+# (a cut after a storm takes a second).
+PARTIAL = ".partial-"
 JOURNAL = "journal.jsonl"
 JOURNAL_OLD = "journal.1.jsonl"  # the previous generation, after a rotation
 LOCK = "lock"
@@ -120,7 +124,12 @@ class StateDir:
         return _files(self.segments)
 
     def incident_files(self) -> list[tuple[str, int, float]]:
-        return _files(self.incidents)
+        """The incidents kept (not one being cut: it is written under a PARTIAL name)."""
+        return [f for f in _files(self.incidents) if not os.path.basename(f[0]).startswith(PARTIAL)]
+
+    def incident_bytes(self) -> int:
+        """What the incidents take, the one being cut included."""
+        return sum(s for _, s, _ in _files(self.incidents))
 
     def journal_bytes(self) -> int:
         total = 0
@@ -133,7 +142,7 @@ class StateDir:
         """Bytes the budget counts: segments, incidents and the journal."""
         return (
             sum(s for _, s, _ in self.segment_files())
-            + sum(s for _, s, _ in self.incident_files())
+            + self.incident_bytes()
             + self.journal_bytes()
         )
 
@@ -142,7 +151,7 @@ class StateDir:
         the one being written), then the oldest incidents."""
         segs = [f for f in self.segment_files() if f[0] != keep]
         incs = self.incident_files()
-        used = sum(s for _, s, _ in segs) + sum(s for _, s, _ in incs) + self.journal_bytes()
+        used = sum(s for _, s, _ in segs) + self.incident_bytes() + self.journal_bytes()
         if keep is not None:
             with contextlib.suppress(OSError):
                 used += os.path.getsize(keep)

@@ -384,25 +384,23 @@ class KernelHooks:
         RECLAIM_IDLE_DRAINS drains is retired, so a churn of cgroups cannot fill the table."""
         out = []
         seen = set()
-        for key in self.reclaim_stats.keys(layout.WrReclaimKey):
-            assert isinstance(key, layout.WrReclaimKey)
+        for key, cur in self.reclaim_stats.items(layout.WrReclaimKey, layout.WrReclaimStats):
             ident = (int(key.cgroup_id), int(key.kind))
             if ident in seen:  # (a listing that races an insert may repeat a key)
                 continue
             seen.add(ident)
-            cur = layout.WrReclaimStats()
-            if not self.reclaim_stats.lookup(key, cur):
-                continue
             last, idle = self._reclaim_seen.get(ident, (None, 0))
             news = layout.WrReclaimStats(
                 count=cur.count - (last.count if last else 0),
                 total_ns=cur.total_ns - (last.total_ns if last else 0),
                 reclaimed_pages=cur.reclaimed_pages - (last.reclaimed_pages if last else 0),
             )
-            longest = ctypes.c_uint64(0)
-            self.reclaim_max.pop(key, longest)
-            news.max_ns = longest.value
             if news.count:
+                # (a stall that ended after the totals were read leaves its max for the next
+                # drain, with its count: taken only where a stall was counted)
+                longest = ctypes.c_uint64(0)
+                self.reclaim_max.pop(key, longest)
+                news.max_ns = longest.value
                 self._reclaim_seen[ident] = (cur, 0)
                 out.append((ident[0], ident[1], news))
             elif idle + 1 >= RECLAIM_IDLE_DRAINS:
@@ -415,13 +413,8 @@ class KernelHooks:
     def clean_exit_counts(self) -> dict[int, int]:
         """cgroup id -> clean exits the agent filter counted there instead of sending them
         (running totals: the caller takes deltas; an entry the LRU dropped starts again)."""
-        out: dict[int, int] = {}
-        for key in self.clean_exits.keys(layout.CgroupKey):
-            assert isinstance(key, layout.CgroupKey)
-            value = ctypes.c_uint64()
-            if self.clean_exits.lookup(key, value):
-                out[int(key.id)] = int(value.value)
-        return out
+        items = self.clean_exits.items(layout.CgroupKey, ctypes.c_uint64)
+        return {int(key.id): int(value.value) for key, value in items}
 
     def kswapd_wakeups(self) -> int:
         return self.pressure_counters.percpu_sum_u64(0)

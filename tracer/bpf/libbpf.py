@@ -23,7 +23,7 @@ import errno
 import os
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from tracer.errors import BpfError, KernelUnsupported
 
@@ -40,6 +40,9 @@ SAMPLE_FN = ctypes.CFUNCTYPE(c_int, c_void_p, c_void_p, c_size_t)
 
 LIBBPF_WARN, LIBBPF_INFO, LIBBPF_DEBUG = 0, 1, 2
 BPF_ANY = 0
+# a map's key and value types
+K = TypeVar("K", bound="ctypes.Structure | ctypes._SimpleCData[Any]")
+V = TypeVar("V", bound="ctypes.Structure | ctypes._SimpleCData[Any]")
 ENOTSUPP = 524  # the kernel-internal "operation not supported" some BPF commands return
 
 
@@ -110,6 +113,11 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "bpf_map__lookup_and_delete_elem": (
         c_int,
         [c_void_p, c_void_p, c_size_t, c_void_p, c_size_t, ctypes.c_uint64],
+    ),
+    # (fd, in_batch, out_batch, keys, values, count in/out, opts): Linux 5.6
+    "bpf_map_lookup_batch": (
+        c_int,
+        [c_int, c_void_p, c_void_p, c_void_p, c_void_p, ctypes.POINTER(ctypes.c_uint32), c_void_p],
     ),
     "ring_buffer__new": (c_void_p, [c_int, SAMPLE_FN, c_void_p, c_void_p]),
     "ring_buffer__poll": (c_int, [c_void_p, c_int]),
@@ -421,6 +429,8 @@ class Map:
     def __init__(self, ptr: int, name: str) -> None:
         self.ptr = ptr
         self.name = name
+        self._batch: bool | None = None  # BPF_MAP_LOOKUP_BATCH works here (None: not tried)
+        self._buffers: dict[tuple[type, type], tuple[ctypes.Array[Any], ctypes.Array[Any]]] = {}
 
     @property
     def max_entries(self) -> int:
@@ -503,6 +513,60 @@ class Map:
             out.append(nxt)
             prev = nxt
         return out
+
+    def items(self, key_type: type[K], value_type: type[V]) -> list[tuple[K, V]]:
+        """Every (key, value), copied out. One BPF_MAP_LOOKUP_BATCH syscall for the whole map
+        (hash and LRU hash maps, Linux 5.6): listing keys and looking each up costs two
+        syscalls an entry, and a drain each second of a table holding a hundred cgroups' was
+        most of what the agent did beside a busy host. Other map types, or a kernel without
+        batch lookups, take that per-key path (a snapshot that an insert racing it can miss)."""
+        if self._batch is not False:
+            got = self._items_batch(key_type, value_type)
+            if got is not None:
+                self._batch = True
+                return got
+            self._batch = False
+        out: list[tuple[K, V]] = []
+        for key in self.keys(key_type):  # type: ignore[arg-type]
+            value = value_type()
+            if self.lookup(key, value):
+                out.append((key, value))  # type: ignore[arg-type]
+        return out
+
+    def _items_batch(self, key_type: type[K], value_type: type[V]) -> list[tuple[K, V]] | None:
+        n = self.max_entries
+        bufs = self._buffers.get((key_type, value_type))
+        if bufs is None:  # (allocated once: a drain a second must not zero 200 kB each time)
+            bufs = (key_type * n)(), (value_type * n)()
+            self._buffers[(key_type, value_type)] = bufs
+        keys, values = bufs
+        out: list[tuple[K, V]] = []
+        # the batch token: a bucket index (u32) for hash maps; room for a u64
+        token_in, token_out = ctypes.c_uint64(0), ctypes.c_uint64(0)
+        first = True
+        while True:
+            count = ctypes.c_uint32(n)
+            rc = lib().dll.bpf_map_lookup_batch(
+                self.fd,
+                None if first else ctypes.byref(token_in),
+                ctypes.byref(token_out),
+                keys,
+                values,
+                ctypes.byref(count),
+                None,
+            )
+            if rc < 0 and rc != -errno.ENOENT:
+                if first and -rc in (errno.EINVAL, errno.EOPNOTSUPP, ENOTSUPP):
+                    return None  # no batch ops for this map or kernel
+                raise BpfError(f"reading map {self.name}", -rc)
+            ks, vs = ctypes.sizeof(key_type), ctypes.sizeof(value_type)
+            for i in range(count.value):
+                # (by offset: an array of a simple type hands out ints, not its elements)
+                key = cast(K, key_type.from_buffer_copy(keys, i * ks))
+                out.append((key, cast(V, value_type.from_buffer_copy(values, i * vs))))
+            if rc == -errno.ENOENT or count.value == 0:
+                return out  # (ENOENT: the last bucket was read)
+            token_in.value, first = token_out.value, False
 
     def pop(self, key: ctypes._CData, value: ctypes._CData) -> bool:
         """Atomically read and delete one entry (hash maps, kernel 5.14+)."""

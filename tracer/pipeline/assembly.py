@@ -41,7 +41,7 @@ class Profile:
     ``agent``: the kernel counts clean exits outside a unit's main process instead of sending
     them (bpf/whyrestart.bpf.c), an OOM kill is judged as soon as its evidence is in, and no
     verdict is kept (the agent's sinks take each one as it comes). The rest is the loop's pace:
-    how long a step waits for the ring (``idle_poll_ms`` once quiet for a second), how often the
+    how long a step waits for the ring (``idle_poll_ms`` once quiet for 3 polls), how often the
     cgroups are sampled (a quiet one in full only every ``quiet_interval_ns``), the longest gap
     between two GPU rescans of a process, and the reclaim stall worth an event of its own.
 
