@@ -401,8 +401,8 @@ class TraceWriter:
             raise ValueError(f"{type(event).__name__} is not a registered event kind")
         try:
             # msgspec encodes the Struct in C, tag first: the bytes of orjson.dumps(to_record())
-            # (tests/test_trace_file.py checks it) at a fifth of the cost, which was most of an
-            # incident cut's second after a storm and of the agent's segment writing
+            # (tests/test_trace_file.py checks it) in 0.41 us instead of 1.42 for an exit, the
+            # larger part of an incident cut after a storm and of the agent's segment writing
             if type(event) is Lost:
                 # (orjson: its count goes into the footer, which orjson writes, so one past
                 # 64 bits is refused here, not at the close; other ints are read back exactly)
