@@ -565,7 +565,14 @@ def test_a_global_oom_with_a_cgroup_near_its_limit_is_global(
     assert (holder.rung, holder.memcg) == (rung, False)
     [kmsg] = [k for k in kmsg_ooms(events) if k.victim_pid == holder.victim_pid]
     assert (kmsg.memcg, kmsg.constraint) == (False, "CONSTRAINT_NONE")
-    [v] = [v for v in res.verdicts if v.pid == holder.victim_pid]
+    mine = [v for v in res.verdicts if v.pid == holder.victim_pid]
+    # (failed twice in 30 full lab runs on 6.1's tp_btf rung, never alone: say what was there)
+    assert len(mine) == 1, (
+        f"verdicts {[(v.pid, v.cause) for v in res.verdicts]}; the victim's exits "
+        f"{[e for e in exits(events) if e.pid == holder.victim_pid]}; lost {res.lost}; "
+        f"warnings {res.warnings}; ended: {res.reason}"
+    )
+    [v] = mine
     assert (v.cause, v.limit_cgroup) == ("global_oom", None)
 
 
