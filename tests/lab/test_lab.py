@@ -183,9 +183,11 @@ def record(
     disabled: tuple[str, ...] = (),
     stall_threshold_ns: int = 10_000_000,
     cgroups: tuple[str, ...] = (),
+    duration: float = 90,
 ) -> tuple[RecordResult, list[Event]]:
     """Record ``argv`` (and the ``cgroups`` too) with the programs in ``disabled`` switched
-    off: the result and the events of the trace file it wrote."""
+    off, for at most ``duration`` seconds: the result and the events of the trace file it
+    wrote."""
 
     class _Hooks(hooks.KernelHooks):
         def __init__(
@@ -199,7 +201,7 @@ def record(
         res = Recorder(
             out,
             Targets(command=argv, cgroups=list(cgroups)),
-            duration=90,
+            duration=duration,
             profile=Profile(stall_threshold_ns=stall_threshold_ns),
         ).run()
     except BpfError as exc:
@@ -555,6 +557,11 @@ def test_a_global_oom_with_a_cgroup_near_its_limit_is_global(
             monkeypatch,
             ["sh", "-c", script, sys.executable, HOLD, BOUNDED_HOG],
             disabled=disabled,
+            # a VM with no swap thrashes on its own code pages before its OOM killer runs: 98 s
+            # for this test on a busy host under TCG, and a 90 s recording ended before the
+            # kill ("no OOM kill") or before the victim's exit (no verdict); the command ends
+            # itself once the hog is done
+            duration=300,
         )
         near_id = near.cgroup_id
     assert (res.header.hooks["oom"], res.header.hooks["oom_context"]) == (rung, None)
@@ -566,7 +573,6 @@ def test_a_global_oom_with_a_cgroup_near_its_limit_is_global(
     [kmsg] = [k for k in kmsg_ooms(events) if k.victim_pid == holder.victim_pid]
     assert (kmsg.memcg, kmsg.constraint) == (False, "CONSTRAINT_NONE")
     mine = [v for v in res.verdicts if v.pid == holder.victim_pid]
-    # (failed twice in 30 full lab runs on 6.1's tp_btf rung, never alone: say what was there)
     assert len(mine) == 1, (
         f"verdicts {[(v.pid, v.cause) for v in res.verdicts]}; the victim's exits "
         f"{[e for e in exits(events) if e.pid == holder.victim_pid]}; lost {res.lost}; "
