@@ -4,10 +4,10 @@
     python -m llm.load KIND SECONDS BINARY MODEL
 
 KIND ``waves``: the prompt cache's waves (``server.prompt_waves`` on a server started with
-``server.PROMPT_CACHE_ARGS``), one every WAVE_EVERY_S seconds (clients that come back, not a
-load test), until the server dies or SECONDS have passed. KIND ``steady``:
-one client asking for 16 tokens at a time over ``server.PROMPTS``, one request after the
-other, for SECONDS. Then the server, if still running, is stopped (SIGTERM) and waited for."""
+``server.PROMPT_CACHE_ARGS``), paced as clients that come back, until the server dies or SECONDS
+have passed. KIND ``steady``: one client asking for 16 tokens at a time over ``server.PROMPTS``,
+one request after the other, for SECONDS. Then the server, if still running, is stopped
+(SIGTERM) and waited for."""
 
 from __future__ import annotations
 
@@ -15,13 +15,11 @@ import http.client
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from llm.server import (
     PROMPT_CACHE_ARGS,
     PROMPTS,
-    Wave,
     argv,
     complete,
     free_port,
@@ -30,17 +28,6 @@ from llm.server import (
 )
 
 KINDS = {"waves": PROMPT_CACHE_ARGS, "steady": ()}
-WAVE_EVERY_S = 8.0
-
-
-def paced(start: float, until: float) -> Callable[[Wave], bool]:
-    """``prompt_waves``' ``after``: wait for the next wave's turn; False once past ``until``."""
-
-    def after(w: Wave) -> bool:
-        time.sleep(max(0.0, start + (w.index + 1) * WAVE_EVERY_S - time.monotonic()))
-        return time.monotonic() < until
-
-    return after
 
 
 def steady(port: int, until: float, alive: subprocess.Popen[bytes]) -> None:
@@ -65,7 +52,7 @@ def main(args: list[str]) -> int:
         wait_healthy(port, 120, alive=lambda: server.poll() is None)
         until = time.monotonic() + seconds
         if kind == "waves":
-            prompt_waves(port, 1000, after=paced(time.monotonic(), until))
+            prompt_waves(port, 1000, after=lambda _: time.monotonic() < until)
         else:
             steady(port, until, server)
     finally:

@@ -161,6 +161,9 @@ def complete(
 # OOM-killed; with "--cache-ram", "0" added, it stays flat.
 PROMPT_CACHE_ARGS = ("-c", "4096", "-np", "4", "-ctk", "f32", "-ctv", "f32")
 PROMPT_CACHE_LIMIT = 400 << 20
+# prompt_waves' cadence: a wave of clients every 8 s, time for each to be answered on 2 busy
+# cores (2.4 s of prompt evaluation a batch of slots in CI) with a pause after
+WAVE_EVERY_S = 8.0
 
 
 def charged_here(model: Path) -> None:
@@ -226,9 +229,13 @@ def prompt_waves(
     after: Callable[[Wave], bool] | None = None,
     width: int = 4,
     n_predict: int = 1,
+    every_s: float = WAVE_EVERY_S,
 ) -> list[Wave]:
     """Up to ``waves`` waves of ``width`` distinct long prompts (``wave_prompt``) sent at once,
-    each wave after the last one's answers, with the server's prompt cache on
+    one every ``every_s`` seconds (or at once after the last one's answers, where they take
+    longer): clients that come back, not a load test. Back to back, on a fast host, a wave is
+    answered in under a second and the server's memory rises as a ramp at the 1 s a sampler
+    reads it by, not in steps. The server's prompt cache is on
     (``cache_prompt``). llama-server saves a slot's prompt to its prompt cache
     (``--cache-ram``, 8 GiB by default) when the slot is reused for a prompt that shares less
     than half of it, and saves every idle slot's as a task starts: so whatever order the server
@@ -238,7 +245,9 @@ def prompt_waves(
     waves stop when it returns False or when a wave got no answer at all (the server is
     gone)."""
     done: list[Wave] = []
+    start = time.monotonic()
     for w in range(waves):
+        time.sleep(max(0.0, start + w * every_s - time.monotonic()))
         results: list[bool] = []
 
         def ask(request: int, w: int = w, results: list[bool] = results) -> None:

@@ -34,6 +34,20 @@ def test_waves_that_keep_what_they_add_are_steps() -> None:
     assert [round(v / MiB) for v in got.levels] == [200, 232, 264, 296, 328]
 
 
+def test_waves_a_few_seconds_apart_read_once_a_second_are_steps() -> None:
+    """Waves answered back to back on a busy host: each adds 32 MiB at once, 2.4 s after the
+    last, and the sampler reads once a second, half a second past each second: one flat second
+    between two rising ones is a pause of about 2 s, not one long rise."""
+    rises = [10.6 + 2.4 * k for k in range(4)]
+    pts = [
+        (int((t + 0.5) * SECOND), (200 + 32 * sum(r <= t + 0.5 for r in rises)) * MiB)
+        for t in range(25)
+    ]
+    got = stepwise(pts)
+    assert got is not None and got.steps == 4
+    assert [round(v / MiB) for v in got.levels] == [200, 232, 264, 296, 328]
+
+
 def test_two_waves_after_a_load_are_not_enough() -> None:
     assert stepwise(series(waves(2))) is None
 

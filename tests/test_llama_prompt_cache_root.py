@@ -1,7 +1,9 @@
 """Tier 3 (root): llama.cpp's real `llama-server` whose prompt cache outgrows its memory limit
-(issue 29). Waves of 4 distinct long prompts at once (llm.server.prompt_waves): as each wave
-arrives, the server saves the last wave's slots to its prompt cache (`--cache-ram`, 8 GiB by
-default), so its anon memory grows a wave at a time and never comes back.
+(issue 29). Waves of 4 distinct long prompts at once, a wave every 8 s as clients that come
+back send them (llm.server.prompt_waves; sent back to back, a fast host answers a wave in well
+under a second and the 1 s sampler sees a ramp, not steps): as each wave arrives, the server
+saves the last wave's slots to its prompt cache (`--cache-ram`, 8 GiB by default), so its anon
+memory grows a wave at a time and never comes back.
 
 (a) Under llm.server.PROMPT_CACHE_LIMIT (400 MiB) the server, loaded and serving, is OOM-killed
 in a later wave: cgroup_oom at that limit, with anon named as what filled it.

@@ -60,7 +60,6 @@ def stepwise(points: Sequence[tuple[int, int]]) -> Steps | None:
     # runs of rising and of flat seconds: [rising, value before, value after, first s, last s]
     runs: list[list[int]] = []
     top = prev = secs[0][1]
-    prev_sec = secs[0][0]
     for sec, v in secs[1:]:
         if v < top - GIVEN_BACK_BYTES:
             return None
@@ -69,18 +68,22 @@ def stepwise(points: Sequence[tuple[int, int]]) -> Steps | None:
         if runs and runs[-1][0] == rising:
             runs[-1][2], runs[-1][4] = v, sec
         else:
-            runs.append([rising, prev, v, prev_sec, sec])
-        prev, prev_sec = v, sec
-    # a rise after a pause shorter than PLATEAU_NS continues the step before it
+            runs.append([rising, prev, v, sec, sec])
+        prev = v
+    # a rise less than PLATEAU_NS after the last one continues its step. The pause is the time
+    # from the last rising second to the next rising one (each rise happened within the second
+    # before its reading: give or take a second); counting the flat seconds between made it a
+    # second short, and waves 2.4 s apart, read once a second, looked like one long rise
     steps: list[list[int]] = []  # [value before, value after]
-    paused = True
+    last_rise: int | None = None
     for rising, before, after, first, last in runs:
         if not rising:
-            paused = (last - first) * SECOND >= PLATEAU_NS
-        elif steps and not paused:
+            continue
+        if last_rise is not None and (first - last_rise) * SECOND < PLATEAU_NS:
             steps[-1][1] = after
         else:
             steps.append([before, after])
+        last_rise = last
     levels = [secs[0][1]] + [after for before, after in steps if after - before >= STEP_BYTES]
     if len(levels) - 1 < MIN_STEPS:
         return None
